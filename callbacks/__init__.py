@@ -1,0 +1,1 @@
+"""Optional Lightning callbacks for envace runs (logging only; training never depends on them)."""

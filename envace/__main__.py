@@ -1,0 +1,5 @@
+"""``python -m envace`` runs the ``envace`` command."""
+
+from envace.cli import main
+
+main()

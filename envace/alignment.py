@@ -1,0 +1,92 @@
+"""World-model alignment rows: recorded real tool responses, teacher-forced under the rehearse prompt.
+
+For every tool call in a task's reference trajectory, the row is the rehearse role's prompt for that call (built
+exactly as during rollouts, with the reference conversation as history) followed by the recorded real response in
+the rehearse output format. Its loss is the cross-entropy of the response tokens (``Sample.align``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from envace.policy.chat import encode
+from envace.roles.rehearse import format_result
+from envace.types import Role, Sample, Task, ToolCall
+from envace.worlds.base import ToolRequest
+from envace.worlds.rehearse import RehearseWorld
+
+
+def reference_steps(task: Task) -> list[tuple[ToolCall, str, list[dict[str, Any]]]]:
+    """``(call, recorded content, history before the calling assistant message)`` for each reference call."""
+    steps = []
+    history: list[dict[str, Any]] = [dict(m) for m in task.messages]
+    pending: list[ToolCall] = []
+    before_call: list[dict[str, Any]] = []
+    for message in task.reference:
+        if message["role"] == "assistant":
+            before_call = list(history)
+            pending = [_call(tc) for tc in message.get("tool_calls") or []]
+        elif message["role"] == "tool" and pending:
+            steps.append((pending.pop(0), message["content"], before_call))
+        history.append(dict(message))
+    return steps
+
+
+def _call(tool_call: dict[str, Any]) -> ToolCall:
+    fn = tool_call["function"]
+    args = fn["arguments"]
+    return ToolCall(fn["name"], json.loads(args) if isinstance(args, str) else dict(args))
+
+
+def _normalise(content: str) -> str:
+    """Recorded content in the form a parsed rehearsal takes (``json.dumps(..., ensure_ascii=False)``)."""
+    try:
+        return json.dumps(json.loads(content), ensure_ascii=False)
+    except json.JSONDecodeError:
+        return json.dumps({"result": content}, ensure_ascii=False)
+
+
+class AlignmentRows:
+    """Builds (and caches) the alignment rows of tasks.
+
+    Args:
+        tokenizer: the policy's tokenizer.
+        prompter: the rehearse world whose prompt format the rows use.
+        max_per_task: most rows per task per step (the first calls of the reference).
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, prompter: RehearseWorld, max_per_task: int) -> None:
+        self.tokenizer = tokenizer
+        self.prompter = prompter
+        self.max_per_task = max_per_task
+        self._cache: dict[str, list[Sample]] = {}
+
+    def rows(self, tasks: list[Task]) -> list[Sample]:
+        """Alignment rows of ``tasks``; ``group_index`` is the task's position in ``tasks``."""
+        out = []
+        for group, task in enumerate(tasks):
+            for row in self._task_rows(task):
+                out.append(Sample(row.token_ids, row.role_ids, row.loss_mask, Role.REHEARSE, -1, group, align=True))
+        return out
+
+    def _task_rows(self, task: Task) -> list[Sample]:
+        if task.id not in self._cache:
+            steps = reference_steps(task)[: self.max_per_task]
+            self._cache[task.id] = [self._row(task, call, content, history) for call, content, history in steps]
+        return self._cache[task.id]
+
+    def _row(self, task: Task, call: ToolCall, content: str, history: list[dict[str, Any]]) -> Sample:
+        prompt = self.prompter.prompt(ToolRequest(task, call, history, None, -1, -1))
+        target = encode(self.tokenizer, format_result(_normalise(content))) + [self.tokenizer.eos_token_id]
+        return Sample(
+            token_ids=prompt.ids + target,
+            role_ids=prompt.roles + [int(Role.TOOL)] * len(target),
+            loss_mask=[0] * len(prompt.ids) + [1] * len(target),
+            role=Role.REHEARSE,
+            episode_index=-1,
+            group_index=-1,
+            align=True,
+        )

@@ -1,0 +1,1 @@
+"""Task data: the JSONL task format and its loader (``envace.data.tasks``)."""

@@ -1,0 +1,199 @@
+"""The DataModule: streams freshly sampled rollouts of task batches, sharded by rank, resumable.
+
+It loads and validates the task files in ``setup`` (before any model is built), and its training stream asks a
+connected ``RolloutSampler`` (the LightningModule) to sample each batch at the moment the training step asks for
+it, so every update trains on rollouts of the current weights. The DataModule never reaches into the trainer or the
+model: the module connects itself through ``connect``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+import lightning as L
+from torch.utils.data import DataLoader, IterableDataset
+
+from envace.data.tasks import load_tasks, resolve_task_path
+from envace.types import Task
+
+
+class RolloutSampler(Protocol):
+    """Samples a training batch of rollouts for a batch of tasks."""
+
+    def sample_rollouts(self, tasks: list[Task]) -> Any:
+        """Rollouts of ``tasks`` under the current policy."""
+        ...
+
+
+def shard(order: list[int], rank: int, world_size: int) -> list[int]:
+    """Rank ``rank``'s share of ``order``: a stride, cut so every rank gets the same count (lockstep under FSDP)."""
+    per_rank = len(order) // world_size
+    return order[rank::world_size][:per_rank]
+
+
+class TaskBatches:
+    """Epochs of shuffled, rank-sharded task batches with a resumable position.
+
+    Args:
+        tasks: all tasks.
+        batch_size: tasks per batch.
+        seed: shuffling seed (epoch ``e`` uses ``seed + e``).
+        shuffle: shuffle each epoch.
+        rank: this process's rank.
+        world_size: number of processes.
+    """
+
+    def __init__(
+        self, tasks: list[Task], batch_size: int, seed: int, shuffle: bool, rank: int = 0, world_size: int = 1
+    ) -> None:
+        if len(tasks) < batch_size * world_size:
+            raise ValueError(
+                f"{len(tasks)} tasks cannot fill one batch of {batch_size} tasks on each of {world_size} processes"
+            )
+        self.tasks, self.batch_size, self.seed, self.shuffle = tasks, batch_size, seed, shuffle
+        self.rank, self.world_size = rank, world_size
+        self.epoch = 0
+        self.position = 0  # batches already consumed in this epoch
+
+    def batches_per_epoch(self) -> int:
+        """Full batches per epoch on this rank (a trailing partial batch is dropped)."""
+        return (len(self.tasks) // self.world_size) // self.batch_size
+
+    def epoch_batches(self) -> list[list[Task]]:
+        """This rank's batches of the current epoch."""
+        order = list(range(len(self.tasks)))
+        if self.shuffle:
+            random.Random(self.seed + self.epoch).shuffle(order)
+        mine = shard(order, self.rank, self.world_size)
+        n = self.batches_per_epoch() * self.batch_size
+        return [[self.tasks[i] for i in mine[s : s + self.batch_size]] for s in range(0, n, self.batch_size)]
+
+    def __iter__(self) -> Iterator[list[Task]]:
+        """Endless batches, continuing from the saved position."""
+        while True:
+            for batch in self.epoch_batches()[self.position :]:
+                self.position += 1
+                yield batch
+            self.epoch += 1
+            self.position = 0
+
+    def state_dict(self) -> dict[str, int]:
+        """Stream position, for checkpoints."""
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue from a checkpointed position."""
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+
+
+class RolloutStream(IterableDataset):
+    """Yields one freshly sampled rollout batch per task batch."""
+
+    def __init__(self, batches: TaskBatches, sampler: RolloutSampler) -> None:
+        self.batches, self.sampler = batches, sampler
+
+    def __iter__(self) -> Iterator[Any]:
+        for tasks in self.batches:
+            yield self.sampler.sample_rollouts(tasks)
+
+
+class TaskList(IterableDataset):
+    """Evaluation tasks in fixed batches (every rank gets the same number of batches)."""
+
+    def __init__(self, tasks: list[Task], batch_size: int, rank: int, world_size: int) -> None:
+        mine = [tasks[i] for i in shard(list(range(len(tasks))), rank, world_size)]
+        self.batches = [mine[s : s + batch_size] for s in range(0, len(mine), batch_size)]
+
+    def __iter__(self) -> Iterator[list[Task]]:
+        return iter(self.batches)
+
+
+class RolloutDataModule(L.LightningDataModule):
+    """Streams rollouts of training tasks; serves validation and test tasks.
+
+    Args:
+        train_tasks: task JSONL file (or ``builtin:bank``) to train on.
+        val_tasks: tasks for ``validate`` and validation during ``fit``; None disables validation.
+        test_tasks: tasks for ``test``; default: ``val_tasks``.
+        batch_size: tasks per training step on each process (each is rolled out ``group_size`` times).
+        eval_batch_size: tasks per evaluation batch.
+        shuffle: reshuffle the training tasks every epoch.
+        seed: shuffling seed.
+    """
+
+    def __init__(
+        self,
+        train_tasks: str = "builtin:bank",
+        val_tasks: str | None = None,
+        test_tasks: str | None = None,
+        batch_size: int = 4,
+        eval_batch_size: int = 16,
+        shuffle: bool = True,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        if batch_size < 1 or eval_batch_size < 1:
+            raise ValueError("batch_size and eval_batch_size must be at least 1")
+        self.paths = {"train": train_tasks, "val": val_tasks, "test": test_tasks or val_tasks}
+        self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
+        self.shuffle, self.seed = shuffle, seed
+        self.tasks: dict[str, list[Task]] = {}
+        self.sampler: RolloutSampler | None = None
+        self.batches: TaskBatches | None = None
+        self._pending_state: dict[str, int] | None = None
+
+    def setup(self, stage: str) -> None:
+        """Load and validate the task files this stage needs (before any model is built)."""
+        needed = {"fit": ["train", "val"], "validate": ["val"], "test": ["test"], "predict": []}[stage]
+        for split in needed:
+            path = self.paths[split]
+            if path is None:
+                if split != "train" and stage != "fit":
+                    raise ValueError(f"'{stage}' needs data.{split}_tasks")
+                continue
+            if split not in self.tasks:
+                self.tasks[split] = load_tasks(resolve_task_path(path))
+
+    def connect(self, sampler: RolloutSampler) -> None:
+        """Attach the sampler the training stream draws rollouts from."""
+        self.sampler = sampler
+
+    def _rank(self) -> tuple[int, int]:
+        trainer = self.trainer
+        return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+
+    def train_dataloader(self) -> DataLoader:
+        """An endless stream of rollout batches (``num_workers=0``: the policy lives in this process)."""
+        if self.sampler is None:
+            raise RuntimeError("RolloutDataModule has no sampler: the LightningModule must call connect() in setup")
+        rank, world = self._rank()
+        self.batches = TaskBatches(self.tasks["train"], self.batch_size, self.seed, self.shuffle, rank, world)
+        if self._pending_state is not None:
+            self.batches.load_state_dict(self._pending_state)
+        return DataLoader(RolloutStream(self.batches, self.sampler), batch_size=None, num_workers=0)
+
+    def _eval_loader(self, split: str) -> DataLoader:
+        rank, world = self._rank()
+        dataset = TaskList(self.tasks[split], self.eval_batch_size, rank, world)
+        return DataLoader(dataset, batch_size=None, num_workers=0)
+
+    def val_dataloader(self) -> DataLoader | list[Any]:
+        """Validation task batches (empty without ``val_tasks``)."""
+        return self._eval_loader("val") if "val" in self.tasks else []
+
+    def test_dataloader(self) -> DataLoader:
+        """Test task batches."""
+        return self._eval_loader("test")
+
+    def state_dict(self) -> dict[str, Any]:
+        """The training stream's position."""
+        return self.batches.state_dict() if self.batches is not None else {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume the training stream where the checkpoint left it."""
+        if state_dict:
+            self._pending_state = dict(state_dict)
+            if self.batches is not None:
+                self.batches.load_state_dict(state_dict)

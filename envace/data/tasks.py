@@ -1,0 +1,454 @@
+"""The task file format (JSONL, one task per line) and its loader.
+
+This module owns reading and writing task files and converting records into the frozen ``envace.types.Task``
+dataclasses. Every problem is reported as one ``TaskFormatError`` line naming the file, the line and the field, e.g.
+``tasks.jsonl:3: field 'tools[0].function.parameters': not a valid JSON schema: ...``. See ``docs/task-format.md``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from dataclasses import replace
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
+from envace.envs.real import EnvironmentClassError, import_class, public_methods, tool_schemas_from_class
+from envace.roles.parsing import json_type_name, validate_call
+from envace.types import EnvSpec, ExpectedAnswer, ExpectedCall, SuccessSpec, Task, ToolCall, canonical_json
+
+TOP_KEYS = ("id", "messages", "tools", "success", "reference", "world_context", "environment")
+SUCCESS_KEYS = ("calls", "ordered", "answer", "forbid_extra_calls")
+CALL_KEYS = ("name", "arguments", "weight")
+ANSWER_KEYS = ("equals", "contains", "weight")
+ENV_KEYS = ("class_path", "init_args")
+ROLES = ("system", "user", "assistant", "tool")
+BUILTIN_PREFIX = "builtin:"
+
+
+class TaskFormatError(ValueError):
+    """A task file or record is invalid. The message is one line naming file, line and field."""
+
+
+class _FieldError(Exception):
+    """Internal: a problem at ``field``; ``parse_task`` prefixes the location."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.message = message
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Files
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def resolve_task_path(path: str) -> Path:
+    """Map ``builtin:NAME`` to the packaged ``envace/builtin/NAME_tasks.jsonl``; any other string is a path.
+
+    Args:
+        path: a file path or ``builtin:NAME`` (e.g. ``builtin:bank``).
+
+    Raises:
+        TaskFormatError: no built-in task file has that name.
+    """
+    if not path.startswith(BUILTIN_PREFIX):
+        return Path(path)
+    name = path[len(BUILTIN_PREFIX) :]
+    resource = files("envace.builtin").joinpath(f"{name}_tasks.jsonl")
+    if not resource.is_file():
+        available = sorted(
+            p.name.removesuffix("_tasks.jsonl") for p in files("envace.builtin").iterdir() if p.name.endswith(".jsonl")
+        )
+        raise TaskFormatError(f"unknown built-in task set '{path}'; available: {', '.join(available)}")
+    return Path(str(resource))
+
+
+def load_tasks(path: str | Path) -> list[Task]:
+    """Load and validate a JSONL task file (blank lines skipped).
+
+    Args:
+        path: the file, or ``builtin:NAME`` for a packaged task set.
+
+    Raises:
+        TaskFormatError: the file is missing, empty, or a line is invalid (one line naming file, line and field).
+    """
+    path = resolve_task_path(path) if isinstance(path, str) else path
+    if not path.is_file():
+        raise TaskFormatError(f"task file not found: {path}")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise TaskFormatError(f"{path}: not UTF-8 text: {exc}") from exc
+    tasks: list[Task] = []
+    first_line: dict[str, int] = {}
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        task = parse_task(_decode_line(line, f"{path}:{lineno}"), where=f"{path}:{lineno}")
+        if task.id in first_line:
+            raise TaskFormatError(
+                f"{path}:{lineno}: field 'id': duplicate task id '{task.id}' (first on line {first_line[task.id]})"
+            )
+        first_line[task.id] = lineno
+        tasks.append(task)
+    if not tasks:
+        raise TaskFormatError(f"{path}: no tasks (the file is empty)")
+    return tasks
+
+
+def _decode_line(line: str, where: str) -> Any:
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise TaskFormatError(f"{where}: invalid JSON: {exc.msg} (column {exc.colno})") from exc
+
+
+def write_tasks(tasks: list[Task], path: str | Path) -> None:
+    """Write tasks as JSONL (one ``task_to_record`` per line, UTF-8).
+
+    Args:
+        tasks: the tasks.
+        path: the output file.
+    """
+    lines = [json.dumps(task_to_record(task), ensure_ascii=False) for task in tasks]
+    Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Records
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def parse_task(record: dict[str, Any], *, where: str = "<task>") -> Task:
+    """Validate one record and convert it into a ``Task``.
+
+    Args:
+        record: the decoded JSON object of one line.
+        where: location prefix for errors (``file:line``).
+
+    Raises:
+        TaskFormatError: one line ``{where}: field '{field}': {problem}``.
+    """
+    try:
+        return _parse_task(record)
+    except _FieldError as exc:
+        raise TaskFormatError(f"{where}: field '{exc.field}': {_one_line(exc.message)}") from exc
+
+
+def _parse_task(record: Any) -> Task:
+    _require_object(record, "<record>", TOP_KEYS, required=("id", "messages", "success"))
+    task_id = _parse_id(record["id"])
+    env_value = record.get("environment")
+    environment = _parse_environment(env_value, "environment") if env_value is not None else None
+    tools = _parse_tools(record.get("tools"), environment)
+    task = Task(
+        id=task_id,
+        messages=_parse_messages(record["messages"], "messages", allow_empty=False),
+        tools=tools,
+        success=_parse_success(record["success"], tools),
+        world_context=_optional_str(record.get("world_context"), "world_context"),
+        environment=environment,
+    )
+    if record.get("reference") is None:
+        return task
+    reference = _parse_messages(record["reference"], "reference", allow_empty=True)
+    _check_reference(reference, task)
+    return replace(task, reference=reference)
+
+
+def _require_object(value: Any, field: str, allowed: tuple[str, ...], required: tuple[str, ...] = ()) -> None:
+    """``value`` is a JSON object with only ``allowed`` keys and every ``required`` key."""
+    if not isinstance(value, dict):
+        raise _FieldError(field, f"must be a JSON object, got {json_type_name(value)}")
+    prefix = "" if field == "<record>" else field + "."
+    for key in value:
+        if key not in allowed:
+            raise _FieldError(prefix + str(key), f"unknown key (allowed: {', '.join(allowed)})")
+    for key in required:
+        if key not in value:
+            raise _FieldError(prefix + key, "is required")
+
+
+def _parse_id(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise _FieldError("id", f"must be a non-empty string, got {json.dumps(value)}")
+    return value
+
+
+def _optional_str(value: Any, field: str) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise _FieldError(field, f"must be a string or null, got {json_type_name(value)}")
+    return value
+
+
+def _parse_weight(value: Any, field: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise _FieldError(field, f"must be a finite number >= 0, got {json.dumps(value)}")
+    return float(value)
+
+
+def _parse_bool(value: Any, field: str) -> bool:
+    if not isinstance(value, bool):
+        raise _FieldError(field, f"must be true or false, got {json.dumps(value)}")
+    return value
+
+
+# --- messages --------------------------------------------------------------------------------------------------------
+
+
+def _parse_messages(value: Any, field: str, *, allow_empty: bool) -> tuple[dict[str, Any], ...]:
+    if not isinstance(value, list) or (not value and not allow_empty):
+        raise _FieldError(field, "must be a non-empty list of messages" if not allow_empty else "must be a list")
+    return tuple(_parse_message(m, f"{field}[{i}]") for i, m in enumerate(value))
+
+
+def _parse_message(value: Any, field: str) -> dict[str, Any]:
+    """A chat message; assistant ``tool_calls`` are normalised so that ``arguments`` is a dict."""
+    if not isinstance(value, dict):
+        raise _FieldError(field, f"a message must be a JSON object, got {json_type_name(value)}")
+    if value.get("role") not in ROLES:
+        raise _FieldError(f"{field}.role", f"must be one of {', '.join(ROLES)}, got {json.dumps(value.get('role'))}")
+    if not isinstance(value.get("content"), str):
+        raise _FieldError(f"{field}.content", f"must be a string, got {json.dumps(value.get('content'))}")
+    message = dict(value)
+    if "tool_calls" in value:
+        if value["role"] != "assistant":
+            raise _FieldError(f"{field}.tool_calls", "only assistant messages may have tool_calls")
+        message["tool_calls"] = _parse_tool_calls(value["tool_calls"], f"{field}.tool_calls")
+    return message
+
+
+def _parse_tool_calls(value: Any, field: str) -> list[dict[str, Any]]:
+    if not isinstance(value, list):
+        raise _FieldError(field, "must be a list")
+    return [_parse_tool_call(call, f"{field}[{i}]") for i, call in enumerate(value)]
+
+
+def _parse_tool_call(value: Any, field: str) -> dict[str, Any]:
+    if not isinstance(value, dict) or not isinstance(value.get("function"), dict):
+        raise _FieldError(field, 'must be {"type": "function", "function": {"name": ..., "arguments": ...}}')
+    function = value["function"]
+    if not isinstance(function.get("name"), str) or not function["name"]:
+        raise _FieldError(f"{field}.function.name", "must be a non-empty string")
+    arguments = function.get("arguments", {})
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError as exc:
+            raise _FieldError(f"{field}.function.arguments", f"invalid JSON string: {exc.msg}") from exc
+    if not isinstance(arguments, dict):
+        raise _FieldError(f"{field}.function.arguments", "must be a JSON object or a JSON string of one")
+    return {**value, "type": "function", "function": {**function, "arguments": arguments}}
+
+
+def _check_reference(reference: tuple[dict[str, Any], ...], task: Task) -> None:
+    """Each assistant message with k tool calls is followed by exactly its k tool responses, and calls are valid."""
+    pending: list[tuple[str, str]] = []  # (call name, field of the call) awaiting a tool response
+    for i, message in enumerate(reference):
+        if message["role"] == "tool":
+            if not pending:
+                raise _FieldError(f"reference[{i}]", "tool message without a preceding assistant tool call")
+            name, _ = pending.pop(0)
+            if message.get("name", name) != name:
+                raise _FieldError(f"reference[{i}].name", f"expected '{name}' (the call it answers)")
+            continue
+        if pending:
+            raise _FieldError(pending[0][1], "tool call has no tool response in the reference")
+        for j, call in enumerate(message.get("tool_calls", [])):
+            pending.append((call["function"]["name"], f"reference[{i}].tool_calls[{j}]"))
+            _check_call(call, task, f"reference[{i}].tool_calls[{j}].function")
+    if pending:
+        raise _FieldError(pending[0][1], "tool call has no tool response in the reference")
+
+
+def _check_call(call: dict[str, Any], task: Task, field: str) -> None:
+    error = validate_call(ToolCall(call["function"]["name"], call["function"]["arguments"]), task)
+    if error is not None:
+        raise _FieldError(field, f"{error.code}: {error.message}")
+
+
+# --- tools -----------------------------------------------------------------------------------------------------------
+
+
+def _parse_tools(value: Any, environment: EnvSpec | None) -> tuple[dict[str, Any], ...]:
+    """The task's tools: given explicitly, or derived from the environment class."""
+    if value is None:
+        if environment is None:
+            raise _FieldError("tools", "is required when no 'environment' is given")
+        try:
+            return tuple(tool_schemas_from_class(import_class(environment.class_path)))
+        except EnvironmentClassError as exc:
+            raise _FieldError("environment.class_path", str(exc)) from exc
+    if not isinstance(value, list):
+        raise _FieldError("tools", f"must be a list of tool schemas, got {json_type_name(value)}")
+    tools = tuple(_parse_tool(spec, f"tools[{i}]") for i, spec in enumerate(value))
+    seen: set[str] = set()
+    for i, spec in enumerate(tools):
+        name = spec["function"]["name"]
+        if name in seen:
+            raise _FieldError(f"tools[{i}].function.name", f"duplicate tool name '{name}'")
+        seen.add(name)
+    if environment is not None:
+        _check_tools_in_environment(tools, environment)
+    return tools
+
+
+def _parse_tool(value: Any, field: str) -> dict[str, Any]:
+    if not isinstance(value, dict) or value.get("type") != "function" or not isinstance(value.get("function"), dict):
+        raise _FieldError(field, 'must be {"type": "function", "function": {"name": ..., "parameters": ...}}')
+    function = value["function"]
+    if not isinstance(function.get("name"), str) or not function["name"]:
+        raise _FieldError(f"{field}.function.name", "must be a non-empty string")
+    if not isinstance(function.get("description", ""), str):
+        raise _FieldError(f"{field}.function.description", "must be a string")
+    _check_parameters(function.get("parameters"), f"{field}.function.parameters")
+    return value
+
+
+def _check_parameters(schema: Any, field: str) -> None:
+    if not isinstance(schema, dict):
+        raise _FieldError(field, "must be a JSON schema object")
+    problem = _schema_problem(canonical_json(schema))
+    if problem is not None:
+        raise _FieldError(field, f"not a valid JSON schema{problem}")
+    if schema.get("type") != "object":
+        got = json.dumps(schema.get("type"))
+        raise _FieldError(field, f'must be an object schema ("type": "object"), got type {got}')
+
+
+@functools.lru_cache(maxsize=256)
+def _schema_problem(schema_json: str) -> str | None:
+    """Why a schema (given as canonical JSON; cached, checking is slow) is invalid, or None."""
+    try:
+        Draft202012Validator.check_schema(json.loads(schema_json))
+    except SchemaError as exc:
+        where = "" if not exc.path else f" at {'/'.join(str(p) for p in exc.path)}"
+        return f"{where}: {exc.message}"
+    return None
+
+
+def _check_tools_in_environment(tools: tuple[dict[str, Any], ...], environment: EnvSpec) -> None:
+    methods = public_methods(import_class(environment.class_path))
+    for i, spec in enumerate(tools):
+        name = spec["function"]["name"]
+        if name not in methods:
+            raise _FieldError(
+                f"tools[{i}].function.name",
+                f"'{name}' is not a public method of environment class '{environment.class_path}'",
+            )
+
+
+def _parse_environment(value: Any, field: str) -> EnvSpec:
+    _require_object(value, field, ENV_KEYS, required=("class_path",))
+    class_path, init_args = value["class_path"], value.get("init_args", {})
+    if not isinstance(class_path, str):
+        raise _FieldError(f"{field}.class_path", "must be a string")
+    if not isinstance(init_args, dict):
+        raise _FieldError(f"{field}.init_args", "must be a JSON object")
+    try:
+        import_class(class_path)
+    except EnvironmentClassError as exc:
+        raise _FieldError(f"{field}.class_path", str(exc)) from exc
+    return EnvSpec(class_path=class_path, init_args=init_args)
+
+
+# --- success ---------------------------------------------------------------------------------------------------------
+
+
+def _parse_success(value: Any, tools: tuple[dict[str, Any], ...]) -> SuccessSpec:
+    _require_object(value, "success", SUCCESS_KEYS)
+    calls_value = value.get("calls", [])
+    if not isinstance(calls_value, list):
+        raise _FieldError("success.calls", "must be a list")
+    calls = tuple(_parse_expected_call(c, f"success.calls[{i}]", tools) for i, c in enumerate(calls_value))
+    answer = _parse_answer(value["answer"], "success.answer") if value.get("answer") is not None else None
+    if not calls and answer is None:
+        raise _FieldError("success", "needs at least one of 'calls' (non-empty) or 'answer'")
+    if sum(c.weight for c in calls) + (answer.weight if answer else 0.0) <= 0:
+        raise _FieldError("success", "the weights sum to 0")
+    return SuccessSpec(
+        calls=calls,
+        ordered=_parse_bool(value.get("ordered", False), "success.ordered"),
+        answer=answer,
+        forbid_extra_calls=_parse_bool(value.get("forbid_extra_calls", False), "success.forbid_extra_calls"),
+    )
+
+
+def _parse_expected_call(value: Any, field: str, tools: tuple[dict[str, Any], ...]) -> ExpectedCall:
+    _require_object(value, field, CALL_KEYS, required=("name",))
+    schemas = {spec["function"]["name"]: spec["function"]["parameters"] for spec in tools}
+    name, arguments = value["name"], value.get("arguments", {})
+    if name not in schemas:
+        raise _FieldError(f"{field}.name", f"unknown tool {json.dumps(name)}; available: {', '.join(schemas)}")
+    if not isinstance(arguments, dict):
+        raise _FieldError(f"{field}.arguments", "must be a JSON object")
+    properties = schemas[name].get("properties")
+    for key in arguments:
+        if isinstance(properties, dict) and key not in properties:
+            raise _FieldError(f"{field}.arguments.{key}", f"'{name}' has no parameter '{key}'")
+    weight = _parse_weight(value.get("weight", 1.0), f"{field}.weight")
+    return ExpectedCall(name=name, arguments=arguments, weight=weight)
+
+
+def _parse_answer(value: Any, field: str) -> ExpectedAnswer:
+    _require_object(value, field, ANSWER_KEYS)
+    equals = _optional_str(value.get("equals"), f"{field}.equals")
+    contains = value.get("contains", [])
+    if not isinstance(contains, list) or not all(isinstance(c, str) for c in contains):
+        raise _FieldError(f"{field}.contains", "must be a list of strings")
+    if equals is None and not contains:
+        raise _FieldError(field, "needs 'equals' or a non-empty 'contains'")
+    weight = _parse_weight(value.get("weight", 1.0), f"{field}.weight")
+    return ExpectedAnswer(equals=equals, contains=tuple(contains), weight=weight)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Inverse and helpers
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def task_to_record(task: Task) -> dict[str, Any]:
+    """The JSON record of ``task`` (the inverse of ``parse_task``); optional fields are omitted when unset."""
+    success: dict[str, Any] = {
+        "calls": [{"name": c.name, "arguments": c.arguments, "weight": c.weight} for c in task.success.calls],
+        "ordered": task.success.ordered,
+        "forbid_extra_calls": task.success.forbid_extra_calls,
+    }
+    if task.success.answer is not None:
+        answer = task.success.answer
+        success["answer"] = {"equals": answer.equals, "contains": list(answer.contains), "weight": answer.weight}
+    record: dict[str, Any] = {"id": task.id, "messages": list(task.messages), "tools": list(task.tools)}
+    record["success"] = success
+    if task.reference:
+        record["reference"] = list(task.reference)
+    if task.world_context is not None:
+        record["world_context"] = task.world_context
+    if task.environment is not None:
+        record["environment"] = {"class_path": task.environment.class_path, "init_args": task.environment.init_args}
+    return record
+
+
+def reference_calls(task: Task) -> list[tuple[ToolCall, str]]:
+    """Each reference tool call paired with its recorded response content, in order.
+
+    The loader guarantees that the tool messages following an assistant message answer its calls in order.
+    """
+    pairs: list[tuple[ToolCall, str]] = []
+    pending: list[ToolCall] = []
+    for message in task.reference:
+        if message["role"] == "tool":
+            pairs.append((pending.pop(0), message["content"]))
+        for call in message.get("tool_calls", []):
+            pending.append(ToolCall(call["function"]["name"], call["function"]["arguments"]))
+    return pairs

@@ -1,0 +1,1 @@
+"""Environments that answer tool calls: real Python environments (``envace.envs.real``)."""

@@ -1,0 +1,48 @@
+"""Rollout metrics: per-role rewards, success, token counts, parse-error and truncation rates.
+
+Pure functions of episodes; the LightningModule logs what they return. Rates are per opportunity (per act turn,
+per rehearsed call), so they stay comparable as episodes get longer.
+"""
+
+from __future__ import annotations
+
+from envace.types import Episode, Role
+
+
+def _rate(numerator: float, denominator: float) -> float:
+    return numerator / denominator if denominator else 0.0
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def rollout_metrics(episodes: list[Episode]) -> dict[str, float]:
+    """Aggregate counters of one batch of episodes, keyed by metric name (role suffix ``_act`` / ``_rehearse``)."""
+    stats = [e.stats for e in episodes]
+    rehearsals = [r for e in episodes for r in e.rehearsals if r.sample is not None]
+    reh_success = [float(e.success) for e in episodes for r in e.rehearsals if r.sample is not None]
+    act_turns = sum(s.act_turns for s in stats)
+    world_calls = sum(len(e.rehearsals) for e in episodes)
+    attempted = sum(len(e.calls) + s.unknown_tools + s.invalid_arguments for e, s in zip(episodes, stats))
+    n = len(episodes)
+    return {
+        "reward_act": _mean([e.reward for e in episodes]),
+        "reward_rehearse": _mean([r.reward for r in rehearsals]),
+        "success_act": _mean([float(e.success) for e in episodes]),
+        "success_rehearse": _mean(reh_success),
+        "tokens_act": float(sum(e.act.role_ids.count(int(Role.ACT)) for e in episodes)),
+        "tokens_rehearse": float(sum(r.sample.loss_mask.count(1) for r in rehearsals if r.sample is not None)),
+        "parse_error_rate_act": _rate(sum(s.act_parse_errors for s in stats), act_turns),
+        "parse_error_rate_rehearse": _rate(sum(s.rehearse_parse_errors for s in stats), world_calls),
+        "truncation_rate_act": _rate(sum(s.act_truncated for s in stats), act_turns),
+        "truncation_rate_rehearse": _rate(sum(s.rehearse_truncated for s in stats), world_calls),
+        "invalid_call_rate": _rate(sum(s.unknown_tools + s.invalid_arguments for s in stats), attempted),
+        "turns_per_episode": _rate(act_turns, n),
+        "calls_per_episode": _rate(world_calls, n),
+        "real_calls": float(sum(s.real_calls for s in stats)),
+        "turn_limit_rate": _rate(sum(s.turn_limit for s in stats), n),
+        "call_limit_rate": _rate(sum(s.call_limit for s in stats), n),
+        "context_limit_rate": _rate(sum(s.context_limit for s in stats), n),
+        "error_end_rate": _rate(sum(s.ended_by_error for s in stats), n),
+    }

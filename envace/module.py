@@ -1,0 +1,414 @@
+"""The EnvACE LightningModule: the policy, its rollout sampler, and the role-wise GRPO update.
+
+The module owns the model, the act/rehearse loss heads, the world-model alignment term and every optimiser step
+(manual optimisation). Rollouts are sampled by ``sample_rollouts`` (the narrow interface the DataModule's stream
+calls, so the batch a step trains on is always sampled from the current weights); rollout, reward, advantage and
+loss code live in their own small modules.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+import lightning as L
+import torch
+from lightning.pytorch.cli import OptimizerCallable
+from torch import Tensor
+
+from envace.advantages import group_advantages, role_group_ids
+from envace.alignment import AlignmentRows
+from envace.logprobs import token_logps
+from envace.losses.aggregation import TokenAggregator, TokenMean, role_weights
+from envace.losses.objective import LossWeights, envace_objective
+from envace.losses.policy import ClippedPolicyLoss
+from envace.metrics import rollout_metrics
+from envace.policy.chat import check_chat_template
+from envace.policy.hf import Policy
+from envace.rewards.base import Reward
+from envace.rewards.shaping import PredictionErrorShaping
+from envace.rewards.task_success import TaskSuccess
+from envace.rollout.collate import RolloutBatch, collate, role_rows
+from envace.rollout.engine import HFEngine
+from envace.rollout.runner import EpisodeRunner, RolloutConfig
+from envace.scoring import score_episodes
+from envace.types import Episode, Role, Task
+from envace.worlds.base import World
+from envace.worlds.rehearse import RehearseWorld
+
+
+@dataclass
+class GRPOConfig:
+    """Role-wise GRPO settings.
+
+    Attributes:
+        group_size: episodes sampled per task (G); advantages are baselined per (task, role) group.
+        ppo_epochs: passes over each rollout batch.
+        mini_batch_size: rows per optimiser step; 0 takes all rows of the rollout in one step.
+        micro_batch_size: rows per forward/backward (gradient accumulation inside a mini-batch).
+        baseline: ``episode`` (each episode weighs once in its group's mean) or ``row`` (the reference's
+            step-weighted mean over all rows).
+        scale_by_std: divide advantages by the group's reward std (GRPO) or not (Dr.GRPO, the reference).
+        act_weight: weight of the act head.
+        rehearse_weight: weight of the rehearse head.
+        align_weight: weight of the world-model alignment cross-entropy (0 turns it off).
+        kl_weight: weight of the k3 KL to the reference policy (0 turns it off; with LoRA the reference is the
+            adapter-disabled base, otherwise a frozen copy is kept).
+        align_max_per_task: most alignment rows per task per step.
+        grad_clip: gradient-norm clip (0 disables).
+    """
+
+    group_size: int = 4
+    ppo_epochs: int = 1
+    mini_batch_size: int = 0
+    micro_batch_size: int = 8
+    baseline: Literal["episode", "row"] = "episode"
+    scale_by_std: bool = False
+    act_weight: float = 1.0
+    rehearse_weight: float = 1.0
+    align_weight: float = 0.0
+    kl_weight: float = 0.0
+    align_max_per_task: int = 4
+    grad_clip: float = 1.0
+
+
+class EnvACEModule(L.LightningModule):
+    """A policy trained with world rehearsal: it acts, rehearses its own tool responses, and learns from both.
+
+    Args:
+        policy: builds the model and tokenizer (``envace.policy.HFPolicy`` or ``envace.policy.TinyPolicy``).
+        world: answers tool calls during training: ``RehearseWorld`` (EnvACE), ``RealWorld`` (the classic
+            baseline) or ``FrozenWorld`` (an external, frozen simulator). Default: ``RehearseWorld()``.
+        eval_world: answers tool calls in ``validate``/``test``; default: the training world. Use ``RealWorld`` to
+            measure real success rather than success inside the policy's own rehearsed world.
+        rewards: summed into each episode's reward. Default: ``[TaskSuccess()]``.
+        shaping: optional prediction-error shaping of the rehearse rows' reward.
+        rollout: episode budgets and sampling.
+        grpo: advantage and update settings.
+        policy_loss: the clipped policy-gradient loss of both heads.
+        aggregation: how token losses are averaged within a head (``TokenMean``, ``SeqMeanTokenMean``,
+            ``ConstantNorm``). Default: ``TokenMean()``.
+        optimizer: optimiser over the trainable parameters.
+        role_adapters: names of the act and rehearse LoRA adapters for the "noshare" variant (the policy must be
+            built with ``adapters`` holding both); None shares all weights between the roles (EnvACE's setting).
+        log_entropy: log per-role token entropy (one extra softmax over the vocabulary per micro-batch).
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        world: World | None = None,
+        eval_world: World | None = None,
+        rewards: list[Reward] | None = None,
+        shaping: PredictionErrorShaping | None = None,
+        rollout: RolloutConfig | None = None,
+        grpo: GRPOConfig | None = None,
+        policy_loss: ClippedPolicyLoss | None = None,
+        aggregation: TokenAggregator | None = None,
+        optimizer: OptimizerCallable = torch.optim.AdamW,
+        role_adapters: tuple[str, str] | None = None,
+        log_entropy: bool = True,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.automatic_optimization = False
+        self.policy = policy
+        self.world = world if world is not None else RehearseWorld()
+        self.eval_world = eval_world if eval_world is not None else self.world
+        self.rewards = rewards if rewards is not None else [TaskSuccess()]
+        self.shaping = shaping
+        self.rollout = rollout or RolloutConfig()
+        self.grpo = grpo or GRPOConfig()
+        self.policy_loss = policy_loss or ClippedPolicyLoss()
+        self.aggregation = aggregation or TokenMean()
+        self.optimizer_factory = optimizer
+        self.role_adapters = role_adapters
+        self.log_entropy = log_entropy
+        self.model: torch.nn.Module | None = None
+        self.reference: torch.nn.Module | None = None
+        self.tokenizer: Any = None
+        self.last_episodes: list[Episode] = []
+        self._bound = False
+
+    # -- setup ------------------------------------------------------------------------------------------------------
+
+    def configure_model(self) -> None:
+        """Build the policy (idempotent: Lightning may call this more than once)."""
+        if self.model is not None:
+            return
+        model, tokenizer = self.policy.build()
+        check_chat_template(tokenizer)
+        model.train()
+        self.model, self.tokenizer = model, tokenizer
+        if self.grpo.kl_weight > 0 and not _is_peft(model):
+            self.reference = copy.deepcopy(model).eval().requires_grad_(False)
+
+    def setup(self, stage: str) -> None:
+        """Hand the DataModule this module's rollout sampler."""
+        datamodule = self.trainer.datamodule if self._trainer is not None else None
+        if datamodule is not None and hasattr(datamodule, "connect"):
+            datamodule.connect(self)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        """One optimiser over every trainable parameter (both roles' heads share it)."""
+        assert self.model is not None
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if not params:
+            raise ValueError("the policy has no trainable parameters")
+        return self.optimizer_factory(params)
+
+    def _bind_worlds(self) -> None:
+        if self._bound:
+            return
+        for world in {id(self.world): self.world, id(self.eval_world): self.eval_world}.values():
+            world.bind(self.tokenizer, self.model)
+        self.runner = EpisodeRunner(self.tokenizer, self.rollout)
+        prompter = self.world if isinstance(self.world, RehearseWorld) else RehearseWorld()
+        prompter.bind(self.tokenizer, self.model)
+        self.alignment = AlignmentRows(self.tokenizer, prompter, self.grpo.align_max_per_task)
+        self.act_engine = self._engine(self.role_adapters[0] if self.role_adapters else None)
+        self.rehearse_engine = self._engine(self.role_adapters[1] if self.role_adapters else None)
+        self._bound = True
+
+    def _engine(self, adapter: str | None) -> HFEngine:
+        tok = self.tokenizer
+        return HFEngine(
+            self.model,
+            pad_id=tok.pad_token_id,
+            stop_ids=[tok.eos_token_id],
+            synced_gpus=self.trainer.world_size > 1 if self._trainer is not None else False,
+            adapter_context=(lambda: _adapter(self.model, adapter)) if adapter else None,
+        )
+
+    # -- rollouts ---------------------------------------------------------------------------------------------------
+
+    def sample_rollouts(self, tasks: list[Task]) -> RolloutBatch:
+        """Sample G episodes per task with the current weights, score them, and collate the training rows.
+
+        This is the sampling interface the DataModule's stream calls; it runs under ``torch.no_grad``.
+        """
+        self._bind_worlds()
+        start = time.perf_counter()
+        generated_before = self.act_engine.generated_tokens + self.rehearse_engine.generated_tokens
+        group = self.grpo.group_size
+        with torch.no_grad():
+            episodes = self.runner.run(
+                [t for t in tasks for _ in range(group)],
+                [i for i in range(len(tasks)) for _ in range(group)],
+                self.act_engine,
+                self.world,
+                self.rehearse_engine,
+                any_active=self._any_active if self.trainer.world_size > 1 else None,
+            )
+        score_episodes(episodes, self.rewards, self.shaping)
+        batch = self._collate(episodes, tasks)
+        elapsed = time.perf_counter() - start
+        generated = self.act_engine.generated_tokens + self.rehearse_engine.generated_tokens - generated_before
+        batch.metrics = {"rollout_time_s": elapsed, "generated_tokens": float(generated)}
+        batch.metrics["rollout_tokens_per_s"] = generated / elapsed if elapsed > 0 else 0.0
+        return batch
+
+    def _collate(self, episodes: list[Episode], tasks: list[Task]) -> RolloutBatch:
+        samples = [s for e in episodes for s in e.samples()]
+        if self.grpo.align_weight > 0:
+            samples += self.alignment.rows(tasks)
+        temps = {Role.ACT: self.rollout.act_temperature, Role.REHEARSE: self.rollout.rehearse_temperature}
+        temperatures = [1.0 if s.align else temps[s.role] for s in samples]
+        batch = collate(samples, temperatures, self.tokenizer.pad_token_id)
+        rewards = torch.where(batch.is_align, torch.full_like(batch.rewards, float("nan")), batch.rewards)
+        batch.advantages = group_advantages(
+            rewards,
+            role_group_ids(batch.group_ids, batch.row_role),
+            batch.episode_ids,
+            baseline=self.grpo.baseline,
+            scale_by_std=self.grpo.scale_by_std,
+        )
+        batch.episodes = episodes
+        return batch
+
+    def _any_active(self, active: bool) -> bool:
+        return bool(self.trainer.strategy.reduce_boolean_decision(active, all=False))
+
+    # -- update -----------------------------------------------------------------------------------------------------
+
+    def training_step(self, dataloader_iter: Iterator[tuple[RolloutBatch, int, int]]) -> None:
+        """One rollout batch (sampled fresh by the DataModule stream), then ``ppo_epochs`` passes of updates.
+
+        Taking the iterator (rather than a batch) stops Lightning from prefetching the next batch, which would
+        sample it from the weights before this update: every update here trains on rollouts of its own weights.
+        """
+        batch, _, _ = next(dataloader_iter)
+        batch = batch.to(self.device)
+        start = time.perf_counter()
+        self._behaviour_logps(batch)
+        step_stats: list[dict[str, Tensor]] = []
+        for _ in range(self.grpo.ppo_epochs):
+            for rows in self._mini_batches(len(batch)):
+                step_stats.append(self._optimise(batch.rows(rows)))
+        metrics = _mean_stats(step_stats)
+        metrics.update(rollout_metrics(batch.episodes))
+        metrics.update(batch.metrics)
+        metrics["update_time_s"] = time.perf_counter() - start
+        metrics["rows"] = float(len(batch))
+        self.last_episodes = batch.episodes
+        self.log_dict({f"train/{k}": float(v) for k, v in metrics.items()}, batch_size=len(batch.episodes))
+
+    def _behaviour_logps(self, batch: RolloutBatch) -> None:
+        """Old log-probs when the update takes several steps per rollout; reference log-probs for the KL term."""
+        several = self.grpo.ppo_epochs > 1 or len(list(self._mini_batches(len(batch)))) > 1
+        with torch.no_grad():
+            if several:
+                batch.old_logps = self._logps_in_chunks(batch, self.model, nullcontext)
+            if self.grpo.kl_weight > 0:
+                reference = self.reference or self.model
+                context = nullcontext if self.reference is not None else self.model.disable_adapter
+                batch.ref_logps = self._logps_in_chunks(batch, reference, context)
+
+    def _logps_in_chunks(
+        self, batch: RolloutBatch, model: torch.nn.Module, context: Any
+    ) -> Tensor:
+        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=batch.input_ids.device)  # [N, T]
+        for idx in self._micro_batches(batch, torch.arange(len(batch), device=batch.input_ids.device)):
+            micro = batch.rows(idx)
+            with context(), self._role_adapter(micro):
+                logps, _ = token_logps(model, micro.input_ids, micro.attention_mask, micro.temperatures)
+            out[idx, : logps.shape[1]] = logps
+        return out
+
+    def _mini_batches(self, n: int) -> Iterator[Tensor]:
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(int(self.global_step)))
+        size = self.grpo.mini_batch_size or n
+        for start in range(0, n, size):
+            yield order[start : start + size].to(self.device)
+
+    def _micro_batches(self, batch: RolloutBatch, rows: Tensor) -> Iterator[Tensor]:
+        """Split ``rows`` into micro-batches; with role adapters each micro-batch holds one role only."""
+        groups = [rows]
+        if self.role_adapters:
+            roles = batch.row_role[rows]
+            groups = [rows[roles == int(r)] for r in (Role.ACT, Role.REHEARSE)]
+        for group in groups:
+            for start in range(0, len(group), self.grpo.micro_batch_size):
+                yield group[start : start + self.grpo.micro_batch_size]
+
+    def _optimise(self, mb: RolloutBatch) -> dict[str, Tensor]:
+        """One optimiser step on a mini-batch, accumulating gradients over its micro-batches."""
+        optimizer = self.optimizers()
+        weights = {
+            "act": role_weights(self.aggregation, mb.loss_mask, role_rows(mb, Role.ACT)),
+            "rehearse": role_weights(self.aggregation, mb.loss_mask, role_rows(mb, Role.REHEARSE)),
+            "align": role_weights(TokenMean(), mb.loss_mask, mb.is_align),
+        }
+        all_rows = torch.arange(len(mb), device=mb.input_ids.device)
+        stats: list[dict[str, Tensor]] = []
+        for idx in self._micro_batches(mb, all_rows):
+            micro = mb.rows(idx)
+            w = {k: v[idx][:, : micro.input_ids.shape[1]] for k, v in weights.items()}
+            with self._role_adapter(micro):
+                loss, micro_stats = self._micro_loss(micro, w)
+            self.manual_backward(loss)
+            stats.append(micro_stats)
+        if self.grpo.grad_clip > 0:
+            self.clip_gradients(optimizer, gradient_clip_val=self.grpo.grad_clip, gradient_clip_algorithm="norm")
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return _sum_heads(stats)
+
+    def _micro_loss(self, micro: RolloutBatch, w: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        logps, entropy = token_logps(
+            self.model, micro.input_ids, micro.attention_mask, micro.temperatures, with_entropy=self.log_entropy
+        )
+        old = micro.old_logps if micro.old_logps is not None else logps.detach()
+        g = self.grpo
+        loss, stats = envace_objective(
+            logps, old, micro.ref_logps, micro.advantages, micro.loss_mask, micro.row_role, micro.is_align,
+            w["act"], w["rehearse"], w["align"], self.policy_loss,
+            LossWeights(g.act_weight, g.rehearse_weight, g.align_weight, g.kl_weight),
+        )
+        if entropy is not None:
+            for name, role in (("act", Role.ACT), ("rehearse", Role.REHEARSE)):
+                mask = micro.loss_mask * role_rows(micro, role).float()[:, None]
+                stats[f"entropy_{name}"] = torch.stack([(entropy * mask).sum(), mask.sum()])
+        return loss, stats
+
+    def _role_adapter(self, micro: RolloutBatch) -> AbstractContextManager[None]:
+        if not self.role_adapters:
+            return nullcontext()
+        name = self.role_adapters[0] if int(micro.row_role[0]) == int(Role.ACT) else self.role_adapters[1]
+        return _adapter(self.model, name)
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        """Task batches stay on the host (rollouts are generated on the model's device)."""
+        return batch
+
+    # -- evaluation -------------------------------------------------------------------------------------------------
+
+    def validation_step(self, tasks: list[Task], batch_idx: int) -> None:
+        """Greedy episodes in ``eval_world``; logs success, reward and counters under ``val/``."""
+        self._evaluate(tasks, "val")
+
+    def test_step(self, tasks: list[Task], batch_idx: int) -> None:
+        """As ``validation_step``, logged under ``test/``."""
+        self._evaluate(tasks, "test")
+
+    def _evaluate(self, tasks: list[Task], prefix: str) -> None:
+        self._bind_worlds()
+        greedy = EpisodeRunner(self.tokenizer, replace(self.rollout, act_temperature=0.0, rehearse_temperature=0.0))
+        with torch.no_grad():
+            episodes = greedy.run(tasks, list(range(len(tasks))), self.act_engine, self.eval_world,
+                                  self.rehearse_engine)
+        score_episodes(episodes, self.rewards)
+        self.last_episodes = episodes
+        metrics = rollout_metrics(episodes)
+        self.log_dict({f"{prefix}/{k}": v for k, v in metrics.items()}, batch_size=len(tasks), sync_dist=True)
+
+
+def _is_peft(model: torch.nn.Module) -> bool:
+    from peft import PeftModel
+
+    return isinstance(model, PeftModel)
+
+
+def _adapter(model: torch.nn.Module, name: str) -> AbstractContextManager[None]:
+    """Context that makes ``name`` the active LoRA adapter, restoring the previous one afterwards."""
+    from contextlib import contextmanager
+
+    from envace.policy.hf import mark_all_adapters_trainable, use_adapter
+
+    @contextmanager
+    def active() -> Iterator[None]:
+        previous = model.active_adapter
+        use_adapter(model, name)
+        mark_all_adapters_trainable(model)
+        try:
+            yield
+        finally:
+            use_adapter(model, previous)
+            mark_all_adapters_trainable(model)
+
+    return active()
+
+
+def _sum_heads(stats: list[dict[str, Tensor]]) -> dict[str, Tensor]:
+    """Heads are sums over micro-batches (weights were normalised on the whole mini-batch); rates are averaged."""
+    out: dict[str, Tensor] = {}
+    for key in stats[0]:
+        values = torch.stack([s[key].float() for s in stats])
+        if key.startswith("entropy_"):
+            total = values.sum(0)
+            out[key] = total[0] / total[1].clamp(min=1.0)
+        elif key.startswith(("loss", "kl")):
+            out[key] = values.sum()
+        else:
+            out[key] = values.mean()
+    return out
+
+
+def _mean_stats(stats: list[dict[str, Tensor]]) -> dict[str, float]:
+    if not stats:
+        return {}
+    return {k: float(torch.stack([s[k] for s in stats]).mean()) for k in stats[0]}

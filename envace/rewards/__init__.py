@@ -1,0 +1,8 @@
+"""Rewards of finished episodes (pluggable by ``class_path``) and the rehearse-role shaping term."""
+
+from envace.rewards.base import Reward
+from envace.rewards.format import FormatPenalty
+from envace.rewards.shaping import PredictionErrorShaping, leaf_f1
+from envace.rewards.task_success import TaskSuccess, task_score
+
+__all__ = ["FormatPenalty", "PredictionErrorShaping", "Reward", "TaskSuccess", "leaf_f1", "task_score"]

@@ -1,0 +1,72 @@
+"""Prediction-error shaping of the rehearse reward, where the real response of a call is known.
+
+A rehearsed response is compared with the recorded real response by the F1 of their leaves: each JSON value is
+flattened into the set of ``(path, canonical leaf value)`` pairs, where a path is the tuple of object keys and array
+indices from the root and an empty object or array is itself a leaf. Identical values score 1.0.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from envace.rewards.task_success import canonical_value
+from envace.types import Rehearsal
+
+Path = tuple[str | int, ...]
+
+
+def json_leaves(value: Any, path: Path = ()) -> set[tuple[Path, str]]:
+    """The ``(path, canonical leaf value)`` pairs of a JSON value (empty containers are leaves)."""
+    if isinstance(value, dict) and value:
+        return {leaf for key, item in value.items() for leaf in json_leaves(item, (*path, key))}
+    if isinstance(value, list) and value:
+        return {leaf for index, item in enumerate(value) for leaf in json_leaves(item, (*path, index))}
+    return {(path, canonical_value(value))}
+
+
+def leaf_f1(predicted: Any, reference: Any) -> float:
+    """F1 between the leaf sets of two JSON values; identical values give 1.0, values sharing no leaf give 0.0.
+
+    Leaf sets are never empty (a scalar or an empty container is one leaf), so the F1 is always defined.
+
+    Args:
+        predicted: the rehearsed value.
+        reference: the real value.
+    """
+    pred, ref = json_leaves(predicted), json_leaves(reference)
+    common = len(pred & ref)
+    return 2 * common / (len(pred) + len(ref))
+
+
+class PredictionErrorShaping:
+    """Shaping term ``-coef * (1 - leaf_f1(rehearsed, real))`` for calls whose real response was recorded."""
+
+    def __init__(self, coef: float = 0.5) -> None:
+        """Configure the shaping.
+
+        Args:
+            coef: weight of the prediction error (>= 0).
+        """
+        if coef < 0:
+            raise ValueError(f"coef must be >= 0, got {coef}")
+        self.coef = coef
+
+    def __call__(self, rehearsal: Rehearsal, reference: dict[str, str]) -> float | None:
+        """The shaping term of one rehearsal.
+
+        Args:
+            rehearsal: the rehearsed call and the content the act role saw.
+            reference: ``ToolCall.key()`` -> recorded real response (JSON text).
+
+        Returns:
+            The non-positive shaping term, or None when the call has no recorded response or a content is not JSON.
+        """
+        recorded = reference.get(rehearsal.call.key())
+        if recorded is None:
+            return None
+        try:
+            predicted, real = json.loads(rehearsal.content), json.loads(recorded)
+        except json.JSONDecodeError:
+            return None
+        return -self.coef * (1.0 - leaf_f1(predicted, real))

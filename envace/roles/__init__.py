@@ -1,0 +1,1 @@
+"""The two roles of the policy: acting (tool calls, answers) and rehearsing (playing the environment)."""

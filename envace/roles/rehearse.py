@@ -1,0 +1,84 @@
+"""The rehearse role's prompt: the policy playing the environment for one tool call.
+
+Pure text. The prompt is a fresh two-message chat (system instruction, then a user message made of blocks: the
+available tools, the world context, the visible conversation so far, and the call to execute). By default the
+rehearse role does not see the act role's private reasoning (``<think>`` blocks are removed from the history), which
+closes the reference implementation's collusion channel.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib.resources import files
+from typing import Any
+
+from envace.types import Task, ToolCall
+
+RESULT_OPEN = "<execution_result>"
+RESULT_CLOSE = "</execution_result>"
+
+
+def default_system_prompt() -> str:
+    """The packaged rehearse-role system instruction."""
+    return files("envace.prompts").joinpath("rehearse_system.txt").read_text(encoding="utf-8").strip()
+
+
+def format_result(content: str) -> str:
+    """The output contract: what a correct rehearsal of ``content`` (JSON text) looks like."""
+    return f"{RESULT_OPEN}\n{content}\n{RESULT_CLOSE}"
+
+
+def serialize_history(messages: list[dict[str, Any]], *, show_reasoning: bool = False) -> str:
+    """One line block per message: ``User: ...``, ``Assistant: ...``, ``Tool[name]: ...``; system messages skipped.
+
+    Args:
+        messages: the semantic conversation (assistant messages carry parsed ``tool_calls`` and optional
+            ``reasoning``).
+        show_reasoning: include the act role's private reasoning.
+    """
+    lines: list[str] = []
+    for m in messages:
+        role = m["role"]
+        if role == "user":
+            lines.append(f"User: {m['content']}")
+        elif role == "assistant":
+            text = m.get("content") or ""
+            if show_reasoning and m.get("reasoning"):
+                text = f"<think>{m['reasoning']}</think>{text}"
+            for tc in m.get("tool_calls") or []:
+                fn = tc["function"]
+                call = json.dumps({"name": fn["name"], "arguments": fn["arguments"]}, ensure_ascii=False)
+                text += f"\n<tool_call>{call}</tool_call>"
+            lines.append(f"Assistant: {text.strip()}")
+        elif role == "tool":
+            lines.append(f"Tool[{m.get('name', '')}]: {m['content']}")
+    return "\n".join(lines)
+
+
+def build_rehearse_messages(
+    task: Task,
+    call: ToolCall,
+    history: list[dict[str, Any]],
+    *,
+    system_prompt: str,
+    show_reasoning: bool = False,
+) -> list[dict[str, str]]:
+    """The rehearse role's chat for one call.
+
+    Args:
+        task: the task (tools and world context).
+        call: the schema-valid call to execute.
+        history: the semantic conversation before the call (the assistant message that made the call excluded).
+        system_prompt: the system instruction.
+        show_reasoning: let the rehearse role see the act role's private reasoning.
+    """
+    blocks = ["Available tools:\n" + "\n".join(json.dumps(t, ensure_ascii=False) for t in task.tools)]
+    if task.world_context:
+        blocks.append("World state (hidden from the agent):\n" + task.world_context)
+    conversation = serialize_history(history, show_reasoning=show_reasoning)
+    blocks.append("Conversation so far:\n" + (conversation or "(none)"))
+    blocks.append(
+        "Call to execute:\n" + json.dumps({"name": call.name, "arguments": call.arguments}, ensure_ascii=False)
+    )
+    blocks.append(f"Answer with {RESULT_OPEN} JSON {RESULT_CLOSE}.")
+    return [{"role": "system", "content": system_prompt}, {"role": "user", "content": "\n\n".join(blocks)}]

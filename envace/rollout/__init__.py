@@ -1,0 +1,1 @@
+"""Rollouts: generation engines, the multi-turn episode runner, and collation into training batches."""

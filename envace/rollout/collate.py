@@ -1,0 +1,102 @@
+"""Collation: training rows (``Sample``) into a right-padded ``RolloutBatch`` of tensors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+
+import torch
+from torch import Tensor
+
+from envace.types import Episode, Role, Sample
+
+
+@dataclass
+class RolloutBatch:
+    """The training batch of one rollout step. Dims: N rows, T tokens.
+
+    Attributes:
+        input_ids: token ids, right-padded.  # [N, T]
+        attention_mask: 1 on real tokens.  # [N, T]
+        loss_mask: 1 on the tokens each row trains.  # [N, T]
+        row_role: the head of each row (``Role.ACT`` or ``Role.REHEARSE``).  # [N]
+        is_align: teacher-forced alignment rows.  # [N]
+        rewards: row rewards.  # [N]
+        advantages: row advantages (0 for alignment rows).  # [N]
+        temperatures: the sampling temperature each row was generated with (1 for alignment rows).  # [N]
+        group_ids: GRPO group (task index) of each row.  # [N]
+        episode_ids: episode index of each row (-1 for alignment rows).  # [N]
+        old_logps: behaviour-policy log-probs, when the update needs them.  # [N, T]
+        ref_logps: reference-policy log-probs, when a KL term is on.  # [N, T]
+        episodes: the episodes behind the rows (for metrics and sample logs).
+        metrics: rollout-side measurements (timings, token counts).
+    """
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    loss_mask: Tensor
+    row_role: Tensor
+    is_align: Tensor
+    rewards: Tensor
+    advantages: Tensor
+    temperatures: Tensor
+    group_ids: Tensor
+    episode_ids: Tensor
+    old_logps: Tensor | None = None
+    ref_logps: Tensor | None = None
+    episodes: list[Episode] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def rows(self, index: Tensor) -> RolloutBatch:
+        """The sub-batch of rows ``index``, trimmed to its longest row."""
+        width = int(self.attention_mask[index].sum(-1).max().item()) if len(index) else 0
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, Tensor):
+                value = value[index]
+                value = value[:, :width] if value.dim() == 2 else value
+            out[f.name] = value
+        return replace(self, **out)
+
+    def to(self, device: torch.device) -> RolloutBatch:
+        """The batch on ``device``."""
+        moved = {f.name: getattr(self, f.name).to(device) for f in fields(self) if isinstance(getattr(self, f.name), Tensor)}
+        return replace(self, **moved)
+
+
+def collate(samples: list[Sample], temperatures: list[float], pad_id: int) -> RolloutBatch:
+    """Right-pad ``samples`` into a batch. Advantages start at 0; the caller fills them.
+
+    Args:
+        samples: the rows.
+        temperatures: one per row.
+        pad_id: padding token id.
+    """
+    n, width = len(samples), max(len(s) for s in samples)
+    input_ids = torch.full((n, width), pad_id, dtype=torch.long)  # [N, T]
+    attention_mask = torch.zeros((n, width), dtype=torch.long)  # [N, T]
+    loss_mask = torch.zeros((n, width), dtype=torch.float32)  # [N, T]
+    for i, s in enumerate(samples):
+        input_ids[i, : len(s)] = torch.tensor(s.token_ids, dtype=torch.long)
+        attention_mask[i, : len(s)] = 1
+        loss_mask[i, : len(s)] = torch.tensor(s.loss_mask, dtype=torch.float32)
+    return RolloutBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        loss_mask=loss_mask,
+        row_role=torch.tensor([int(s.role) for s in samples], dtype=torch.long),
+        is_align=torch.tensor([s.align for s in samples], dtype=torch.bool),
+        rewards=torch.tensor([s.reward for s in samples], dtype=torch.float32),
+        advantages=torch.zeros(n, dtype=torch.float32),
+        temperatures=torch.tensor(temperatures, dtype=torch.float32),
+        group_ids=torch.tensor([s.group_index for s in samples], dtype=torch.long),
+        episode_ids=torch.tensor([s.episode_index for s in samples], dtype=torch.long),
+    )
+
+
+def role_rows(batch: RolloutBatch, role: Role) -> Tensor:
+    """Boolean mask of the policy-gradient rows of ``role`` (alignment rows excluded).  # [N]"""
+    return (batch.row_role == int(role)) & ~batch.is_align

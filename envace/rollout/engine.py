@@ -1,0 +1,139 @@
+"""Generation engines: the narrow interface the rollout runner and the worlds generate through.
+
+An engine turns token-id prompts into generated token ids. It never decodes or re-tokenises: callers keep the ids
+exactly as generated. ``HFEngine`` wraps ``transformers`` ``generate``; tests use a scripted engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one role samples.
+
+    Attributes:
+        max_new_tokens: generation budget of one turn.
+        temperature: sampling temperature; 0 means greedy.
+        top_p: nucleus sampling mass.
+        top_k: top-k cut-off; 0 disables it.
+    """
+
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+
+@dataclass
+class Generation:
+    """One generated continuation.
+
+    Attributes:
+        token_ids: the generated ids, the stop token included when one was produced.
+        finished: True if a stop token ended it, False if ``max_new_tokens`` cut it.
+    """
+
+    token_ids: list[int]
+    finished: bool
+
+
+class Engine(Protocol):
+    """Generates continuations of token-id prompts."""
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        """Generate one continuation per prompt, in order."""
+        ...
+
+
+def cut_at_stop(ids: list[int], stop_ids: set[int], pad_id: int) -> Generation:
+    """Cut a raw generated row after its first stop token; drop trailing padding otherwise."""
+    for i, t in enumerate(ids):
+        if t in stop_ids:
+            return Generation(ids[: i + 1], True)
+    while ids and ids[-1] == pad_id and pad_id not in stop_ids:
+        ids = ids[:-1]
+    return Generation(ids, False)
+
+
+class HFEngine:
+    """Batched sampling with ``transformers`` ``generate`` on the live (trained) model.
+
+    Args:
+        model: the causal LM (plain, peft-wrapped or FSDP-wrapped).
+        pad_id: padding token id.
+        stop_ids: ids that end a turn (the chat template's end-of-turn token and the EOS token).
+        max_batch_size: most prompts per ``generate`` call; longer lists are split.
+        synced_gpus: keep all ranks generating until every rank is done (needed under FSDP/ZeRO-3 so that
+            sharded forwards stay in lockstep).
+        adapter_context: optional context-manager factory entered around generation (e.g. to select a role's LoRA
+            adapter).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        pad_id: int,
+        stop_ids: list[int],
+        max_batch_size: int = 64,
+        synced_gpus: bool = False,
+        adapter_context: Callable[[], contextmanager] | None = None,
+    ) -> None:
+        self.model = model
+        self.pad_id = pad_id
+        self.stop_ids = sorted(set(stop_ids))
+        self.max_batch_size = max_batch_size
+        self.synced_gpus = synced_gpus
+        self.adapter_context = adapter_context
+        self.generated_tokens = 0
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        """Generate continuations; see ``Engine.generate``."""
+        out: list[Generation] = []
+        for start in range(0, len(prompts), self.max_batch_size):
+            out.extend(self._generate_chunk(prompts[start : start + self.max_batch_size], params))
+        self.generated_tokens += sum(len(g.token_ids) for g in out)
+        return out
+
+    def _generate_chunk(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        device = next(self.model.parameters()).device
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)  # [n, L] left-padded
+        attention_mask = torch.zeros_like(input_ids)
+        for i, p in enumerate(prompts):
+            input_ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+            attention_mask[i, width - len(p) :] = 1
+        sample = params.temperature > 0
+        kwargs = dict(do_sample=sample, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k)
+        if not sample:
+            kwargs = dict(do_sample=False, temperature=None, top_p=None, top_k=None)
+        with self._generation_mode(), torch.no_grad():
+            seqs = self.model.generate(
+                input_ids=input_ids.to(device),
+                attention_mask=attention_mask.to(device),
+                max_new_tokens=params.max_new_tokens,
+                eos_token_id=self.stop_ids,
+                pad_token_id=self.pad_id,
+                synced_gpus=self.synced_gpus,
+                **kwargs,
+            )  # [n, L + new]
+        new = seqs[:, width:].tolist()
+        return [cut_at_stop(row, set(self.stop_ids), self.pad_id) for row in new]
+
+    @contextmanager
+    def _generation_mode(self) -> Iterator[None]:
+        """Eval mode (no dropout, KV cache on) for generation, restoring the previous mode afterwards."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with self.adapter_context() if self.adapter_context is not None else nullcontext():
+                yield
+        finally:
+            self.model.train(was_training)

@@ -1,0 +1,270 @@
+"""The multi-turn episode state machine, batched over episodes and roles.
+
+Each micro-step does at most two batched generations: one for every episode waiting on the act role, then one
+(inside the world) for every tool call waiting on a response. An episode alternates ACT -> WORLD -> ACT ... until the
+act role answers in plain text or a budget ends it. Malformed model output never raises: it is counted in
+``EpisodeStats`` and answered with a structured error tool message (or ends the episode, if so configured).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from transformers import PreTrainedTokenizerBase
+
+from envace.roles.parsing import CallError, parse_act_output, validate_call
+from envace.rollout.engine import Engine, Generation, SamplingParams
+from envace.rollout.stream import TokenStream, append_messages, prompt_stream
+from envace.types import Episode, Rehearsal, Role, Sample, Task, ToolCall
+from envace.worlds.base import ToolReply, ToolRequest, World
+
+ErrorPolicy = Literal["feedback", "end"]
+
+
+@dataclass
+class RolloutConfig:
+    """Budgets and sampling of one episode.
+
+    Attributes:
+        max_turns: most act-role turns per episode.
+        max_tool_calls: most tool calls per episode; a turn that would exceed it ends the episode.
+        max_context_tokens: cap on the act role's context (prompt plus a full turn); reaching it ends the episode.
+        act_max_new_tokens: generation budget of one act turn.
+        rehearse_max_new_tokens: generation budget of one rehearsed tool response.
+        act_temperature: act-role sampling temperature (0 = greedy).
+        rehearse_temperature: rehearse-role sampling temperature (0 = greedy).
+        top_p: nucleus mass for both roles.
+        on_call_error: what a malformed call, an unknown tool or schema-violating arguments do: ``feedback`` answers
+            with a structured error tool message so the agent can recover; ``end`` ends the episode (the reference).
+        on_world_error: the same choice for a rehearsed response that breaks the output contract.
+        check_render: debug check: after every step, assert the act token stream decodes to the chat-template render
+            of the transcript.
+    """
+
+    max_turns: int = 8
+    max_tool_calls: int = 16
+    max_context_tokens: int = 4096
+    act_max_new_tokens: int = 256
+    rehearse_max_new_tokens: int = 256
+    act_temperature: float = 1.0
+    rehearse_temperature: float = 1.0
+    top_p: float = 1.0
+    on_call_error: ErrorPolicy = "feedback"
+    on_world_error: ErrorPolicy = "feedback"
+    check_render: bool = False
+
+    def act_params(self) -> SamplingParams:
+        """Sampling of the act role."""
+        return SamplingParams(self.act_max_new_tokens, self.act_temperature, self.top_p)
+
+    def rehearse_params(self) -> SamplingParams:
+        """Sampling of the rehearse role."""
+        return SamplingParams(self.rehearse_max_new_tokens, self.rehearse_temperature, self.top_p)
+
+
+@dataclass
+class _Live:
+    """Mutable state of one running episode."""
+
+    episode: Episode
+    stream: TokenStream
+    transcript: list[dict[str, Any]]  # messages as rendered: assistant content is the raw generated text
+    handle: Any
+    pending: list[ToolRequest | CallError] = field(default_factory=list)
+    done: bool = False
+
+
+class EpisodeRunner:
+    """Runs episodes of tasks with an act engine and a world.
+
+    Args:
+        tokenizer: the policy's tokenizer (its chat template renders every prompt).
+        config: budgets and sampling.
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, config: RolloutConfig) -> None:
+        self.tokenizer = tokenizer
+        self.config = config
+        self.stop_ids = {tokenizer.eos_token_id}
+
+    def run(
+        self,
+        tasks: list[Task],
+        group_indices: list[int],
+        engine: Engine,
+        world: World,
+        world_engine: Engine | None = None,
+        any_active: Callable[[bool], bool] | None = None,
+    ) -> list[Episode]:
+        """Run one episode per task until all are done.
+
+        Args:
+            tasks: one entry per episode (a task repeated G times gives a group of G).
+            group_indices: GRPO group of each episode.
+            engine: generates the act role.
+            world: answers tool calls.
+            world_engine: generates the rehearse role (default: ``engine``; differs with per-role adapters).
+            any_active: cross-rank reduction of "some episode is still running" for sharded models: every rank then
+                runs the same number of micro-steps and joins each batched generation, with a one-token dummy
+                prompt when it has nothing to generate. None on a single process.
+        """
+        live = [self._start(i, t, g, world) for i, (t, g) in enumerate(zip(tasks, group_indices))]
+        lockstep = any_active is not None
+        reduce = any_active or (lambda active: active)
+        while reduce(any(not s.done for s in live)):
+            self._act_step([s for s in live if not s.done], engine, lockstep)
+            self._world_step([s for s in live if s.pending], world, world_engine or engine, lockstep)
+        return [self._finish(s) for s in live]
+
+    # -- episode lifecycle ------------------------------------------------------------------------------------------
+
+    def _start(self, index: int, task: Task, group: int, world: World) -> _Live:
+        messages = [dict(m) for m in task.messages]
+        stream = prompt_stream(self.tokenizer, messages, list(task.tools))
+        act = Sample([], [], [], Role.ACT, episode_index=index, group_index=group)
+        episode = Episode(task=task, group_index=group, messages=[dict(m) for m in messages], act=act)
+        return _Live(episode, stream, messages, world.open(task))
+
+    def _finish(self, s: _Live) -> Episode:
+        s.episode.act.token_ids = s.stream.ids
+        s.episode.act.role_ids = s.stream.roles
+        s.episode.act.loss_mask = s.stream.mask
+        return s.episode
+
+    # -- act role ---------------------------------------------------------------------------------------------------
+
+    def _act_step(self, states: list[_Live], engine: Engine, lockstep: bool) -> None:
+        budget = self.config.act_max_new_tokens
+        for s in states:
+            if len(s.stream) + budget > self.config.max_context_tokens:
+                s.episode.stats.context_limit = True
+                s.done = True
+        states = [s for s in states if not s.done]
+        if not states:
+            if lockstep:
+                self._dummy_generate(engine)
+            return
+        generations = engine.generate([s.stream.ids for s in states], self.config.act_params())
+        for s, gen in zip(states, generations):
+            self._take_act_turn(s, gen)
+
+    def _take_act_turn(self, s: _Live, gen: Generation) -> None:
+        stats = s.episode.stats
+        stats.act_turns += 1
+        stats.act_truncated += int(not gen.finished)
+        body = gen.token_ids[:-1] if gen.finished else gen.token_ids
+        raw = self.tokenizer.decode(body, skip_special_tokens=False)
+        text = self.tokenizer.decode(gen.token_ids, skip_special_tokens=False)
+        s.stream.extend(gen.token_ids, Role.ACT, text, trained=True)
+        s.transcript.append({"role": "assistant", "content": raw})
+        turn = parse_act_output(raw)
+        stats.act_parse_errors += int(turn.malformed)
+        history = list(s.episode.messages)
+        items = [self._check(c, s) for c in turn.calls]
+        valid = [c for c in items if isinstance(c, ToolCall)]
+        s.episode.messages.append(_assistant_message(turn.content, turn.reasoning, valid))
+        if not items:
+            s.episode.final_answer = turn.content.strip()
+            s.done = True
+        elif len(s.episode.calls) + len(valid) > self.config.max_tool_calls:
+            stats.call_limit = True
+            s.done = True
+        elif len(valid) < len(items) and self.config.on_call_error == "end":
+            stats.ended_by_error = True
+            self._deliver(s, [(e, e) for e in items if isinstance(e, CallError)])
+            s.done = True
+        else:
+            s.episode.calls.extend(valid)
+            s.pending = [self._request(c, s, history) if isinstance(c, ToolCall) else c for c in items]
+
+    def _check(self, call: ToolCall | CallError, s: _Live) -> ToolCall | CallError:
+        if isinstance(call, CallError):
+            return call
+        error = validate_call(call, s.episode.task)
+        if error is not None:
+            stats = s.episode.stats
+            stats.unknown_tools += int(error.code == "UNKNOWN_TOOL")
+            stats.invalid_arguments += int(error.code == "INVALID_ARGUMENTS")
+            return error
+        return call
+
+    def _request(self, call: ToolCall, s: _Live, history: list[dict[str, Any]]) -> ToolRequest:
+        ep = s.episode
+        return ToolRequest(ep.task, call, history, s.handle, ep.act.episode_index, ep.group_index)
+
+    # -- world ------------------------------------------------------------------------------------------------------
+
+    def _world_step(self, states: list[_Live], world: World, engine: Engine, lockstep: bool) -> None:
+        requests = [r for s in states for r in s.pending if isinstance(r, ToolRequest)]
+        if not requests:
+            if lockstep:
+                self._dummy_generate(engine)
+            replies: list[ToolReply] = []
+        else:
+            replies = world.respond(requests, engine, self.config.rehearse_params())
+        answers = iter(replies)
+        for s in states:
+            pairs = [(r, next(answers) if isinstance(r, ToolRequest) else r) for r in s.pending]
+            s.pending = []
+            self._record(s, pairs)
+            self._deliver(s, pairs)
+            self._after_tools(s, pairs)
+
+    def _record(self, s: _Live, pairs: list[tuple[ToolRequest | CallError, ToolReply | CallError]]) -> None:
+        stats = s.episode.stats
+        for req, reply in pairs:
+            if isinstance(req, ToolRequest) and isinstance(reply, ToolReply):
+                stats.real_calls += int(reply.real)
+                stats.rehearse_calls += int(reply.sample is not None)
+                stats.rehearse_parse_errors += int(reply.parse_error)
+                stats.rehearse_truncated += int(reply.truncated)
+                s.episode.rehearsals.append(Rehearsal(req.call, reply.content, reply.ok, reply.sample))
+
+    def _deliver(self, s: _Live, pairs: list[tuple[ToolRequest | CallError, ToolReply | CallError]]) -> None:
+        """Append one tool message per call, in call order, to the transcript, the messages and the token stream."""
+        new = []
+        for req, reply in pairs:
+            name = req.call.name if isinstance(req, ToolRequest) else "error"
+            content = reply.to_content() if isinstance(reply, CallError) else reply.content
+            new.append({"role": "tool", "name": name, "content": content})
+        s.transcript.extend({"role": "tool", "content": m["content"]} for m in new)
+        s.episode.messages.extend(new)
+        append_messages(s.stream, self.tokenizer, s.transcript, list(s.episode.task.tools), Role.TOOL)
+        if self.config.check_render:
+            self.check_render(s)
+
+    def _after_tools(self, s: _Live, pairs: list[tuple[ToolRequest | CallError, ToolReply | CallError]]) -> None:
+        stats = s.episode.stats
+        world_failed = any(isinstance(r, ToolReply) and not r.ok for _, r in pairs)
+        if world_failed and self.config.on_world_error == "end":
+            stats.ended_by_error = True
+            s.done = True
+        elif stats.act_turns >= self.config.max_turns:
+            stats.turn_limit = True
+            s.done = True
+
+    def _dummy_generate(self, engine: Engine) -> None:
+        engine.generate([[self.tokenizer.eos_token_id]], SamplingParams(max_new_tokens=1))
+
+    def check_render(self, s: _Live) -> None:
+        """Debug check: the act stream decodes to the template's render of the transcript."""
+        from envace.policy.chat import render
+
+        expected = render(self.tokenizer, s.transcript, list(s.episode.task.tools), add_generation_prompt=True)
+        decoded = self.tokenizer.decode(s.stream.ids, skip_special_tokens=False)
+        if decoded != expected or s.stream.text != expected:
+            raise AssertionError(f"token stream of episode {s.episode.act.episode_index} diverged from the render")
+
+
+def _assistant_message(content: str, reasoning: str, calls: list[ToolCall]) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if reasoning:
+        message["reasoning"] = reasoning
+    if calls:
+        message["tool_calls"] = [
+            {"type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls
+        ]
+    return message

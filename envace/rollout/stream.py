@@ -1,0 +1,91 @@
+"""Token streams: token ids with per-token roles and loss masks, built while rendering and generating.
+
+A stream is only ever extended: prompt segments are rendered once with the tokenizer's chat template and encoded;
+generated ids are appended exactly as generated; observations (tool responses) are appended as the encoded text
+delta between the template's render of the longer conversation and the text the stream already holds. Nothing is
+re-tokenised, so the ids the policy generated are the ids it is trained on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from envace.policy.chat import TemplateError, encode, render
+from envace.types import Role
+
+MESSAGE_ROLES = {"system": Role.SYSTEM, "user": Role.USER, "tool": Role.TOOL}
+
+
+@dataclass
+class TokenStream:
+    """A growing token sequence.
+
+    Attributes:
+        ids: token ids.
+        roles: one ``Role`` value per token.
+        mask: 1 on tokens trained in this stream's row.
+        text: the text the ids decode to (kept to compute template deltas without decoding).
+    """
+
+    ids: list[int] = field(default_factory=list)
+    roles: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    text: str = ""
+
+    def extend(self, ids: list[int], role: Role, text: str, *, trained: bool = False) -> None:
+        """Append ``ids`` (which decode to ``text``) with one role."""
+        self.ids.extend(ids)
+        self.roles.extend([int(role)] * len(ids))
+        self.mask.extend([int(trained)] * len(ids))
+        self.text += text
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def prompt_stream(
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+) -> TokenStream:
+    """Render ``messages`` plus the generation prompt, message by message, so each token gets its message's role."""
+    stream = TokenStream()
+    for i in range(1, len(messages) + 1):
+        role = MESSAGE_ROLES.get(messages[i - 1]["role"], Role.SYSTEM)
+        _append_delta(stream, tokenizer, render(tokenizer, messages[:i], tools, add_generation_prompt=False), role)
+    _append_delta(stream, tokenizer, render(tokenizer, messages, tools, add_generation_prompt=True), Role.SYSTEM)
+    return stream
+
+
+def append_messages(
+    stream: TokenStream,
+    tokenizer: PreTrainedTokenizerBase,
+    transcript: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    role: Role,
+) -> None:
+    """Append the template's rendering of the transcript's new tail (plus the generation prompt) to ``stream``.
+
+    ``transcript`` is the whole conversation including the new messages; assistant messages in it carry the raw
+    generated text, so the stream's text is a prefix of the render.
+
+    Raises:
+        TemplateError: the chat template is not prefix-preserving for this conversation.
+    """
+    _append_delta(stream, tokenizer, render(tokenizer, transcript, tools, add_generation_prompt=True), role)
+
+
+def _append_delta(stream: TokenStream, tokenizer: PreTrainedTokenizerBase, full: str, role: Role) -> None:
+    if not full.startswith(stream.text):
+        raise TemplateError(
+            "the chat template is not prefix-preserving: rendering the longer conversation changed text already in "
+            f"the token stream (at character {_first_difference(stream.text, full)})"
+        )
+    delta = full[len(stream.text) :]
+    if delta:
+        stream.extend(encode(tokenizer, delta), role, delta)
+
+
+def _first_difference(a: str, b: str) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))

@@ -1,0 +1,85 @@
+"""EnvACE world rehearsal: the trained policy itself writes each call's tool response.
+
+Each call gets a fresh rehearse-role chat (``envace.roles.rehearse``); the generated ids become a trained
+``REHEARSE`` row, and the parsed ``<execution_result>`` JSON becomes the tool message the act role sees.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+from transformers import PreTrainedTokenizerBase
+
+from envace.roles.parsing import parse_execution_result
+from envace.roles.rehearse import build_rehearse_messages, default_system_prompt
+from envace.rollout.engine import Engine, Generation, SamplingParams
+from envace.rollout.stream import TokenStream, prompt_stream
+from envace.types import Role, Sample, Task
+from envace.worlds.base import ToolReply, ToolRequest
+
+
+class RehearseWorld:
+    """The policy plays the environment (EnvACE's training world).
+
+    Args:
+        system_prompt: rehearse-role system instruction; the packaged one when None.
+        show_act_reasoning: show the act role's private ``<think>`` text to the rehearse role (the reference does;
+            off by default because it lets the two roles collude).
+        max_prompt_tokens: cap on a rehearse prompt; the oldest history messages are dropped to fit.
+    """
+
+    trained = True
+
+    def __init__(
+        self, system_prompt: str | None = None, show_act_reasoning: bool = False, max_prompt_tokens: int = 4096
+    ) -> None:
+        self.system_prompt = system_prompt
+        self.show_act_reasoning = show_act_reasoning
+        self.max_prompt_tokens = max_prompt_tokens
+        self.tokenizer: PreTrainedTokenizerBase | None = None
+
+    def bind(self, tokenizer: PreTrainedTokenizerBase, model: nn.Module) -> None:
+        """Keep the tokenizer to render rehearse prompts."""
+        self.tokenizer = tokenizer
+
+    def open(self, task: Task) -> Any:
+        """No per-episode state: the rehearsed world lives in the conversation."""
+        return None
+
+    def respond(self, requests: list[ToolRequest], engine: Engine, params: SamplingParams) -> list[ToolReply]:
+        """Render one rehearse prompt per call, generate them in one batch, parse the results."""
+        prompts = [self.prompt(req) for req in requests]
+        generations = engine.generate([p.ids for p in prompts], params)
+        return [self._reply(req, p, g) for req, p, g in zip(requests, prompts, generations)]
+
+    def prompt(self, req: ToolRequest) -> TokenStream:
+        """The rehearse prompt stream of one call, dropping the oldest history to fit ``max_prompt_tokens``."""
+        assert self.tokenizer is not None, "RehearseWorld.bind was not called"
+        system = self.system_prompt or default_system_prompt()
+        history = list(req.history)
+        while True:
+            messages = build_rehearse_messages(
+                req.task, req.call, history, system_prompt=system, show_reasoning=self.show_act_reasoning
+            )
+            stream = prompt_stream(self.tokenizer, messages, None)
+            if len(stream) <= self.max_prompt_tokens or not history:
+                return stream
+            history = history[1:]
+
+    def _reply(self, req: ToolRequest, prompt: TokenStream, gen: Generation) -> ToolReply:
+        assert self.tokenizer is not None
+        body = gen.token_ids[:-1] if gen.finished else gen.token_ids
+        result = parse_execution_result(self.tokenizer.decode(body, skip_special_tokens=False))
+        sample = Sample(
+            token_ids=prompt.ids + gen.token_ids,
+            role_ids=prompt.roles + [int(Role.REHEARSE)] * len(gen.token_ids),
+            loss_mask=[0] * len(prompt.ids) + [1] * len(gen.token_ids),
+            role=Role.REHEARSE,
+            episode_index=req.episode_index,
+            group_index=req.group_index,
+        )
+        sample = sample if self.trained else None
+        return ToolReply(
+            content=result.content, ok=result.ok, sample=sample, parse_error=not result.ok, truncated=not gen.finished
+        )

@@ -1,0 +1,36 @@
+"""Shared fixtures: offline, single-threaded, seeded. No test may reach the network."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest
+import torch
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _seeded() -> None:
+    torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    """The tiny offline tokenizer (byte-level BPE trained in code, Qwen-style chat template with tools)."""
+    from envace.policy.tiny import build_tokenizer
+
+    return build_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory, tiny_tokenizer):
+    """A directory holding the tiny model and tokenizer, loadable with ``from_pretrained`` offline."""
+    from envace.policy.tiny import save_tiny
+
+    return save_tiny(str(tmp_path_factory.mktemp("tiny")))
