@@ -21,10 +21,26 @@ class EnvaceCLI(LightningCLI):
     """LightningCLI with envace's defaults."""
 
 
-def main(args: ArgsType = None, run: bool = True) -> EnvaceCLI:
-    """Entry point of the ``envace`` console script."""
+class ConfigCheckCLI(EnvaceCLI):
+    """Parses a config and instantiates everything but the Trainer (no accelerator needed): config validation."""
+
+    def instantiate_classes(self) -> None:
+        """Instantiate the model, the DataModule and every class_path in the config, but build no Trainer."""
+        self.config_init = self.parser.instantiate_classes(self.config)
+        self.datamodule = self._get(self.config_init, "data")
+        self.model = self._get(self.config_init, "model")
+
+
+def main(args: ArgsType = None, run: bool = True, cli_class: type[EnvaceCLI] = EnvaceCLI) -> EnvaceCLI:
+    """Entry point of the ``envace`` console script.
+
+    Args:
+        args: command-line arguments (default: ``sys.argv``).
+        run: run the subcommand; False only parses and instantiates.
+        cli_class: ``ConfigCheckCLI`` validates a config without building a Trainer.
+    """
     set_parsing_settings(docstring_parse_attribute_docstrings=True)
-    return EnvaceCLI(
+    return cli_class(
         EnvACEModule,
         RolloutDataModule,
         args=args,

@@ -20,6 +20,7 @@ from envace.rollout.engine import Engine, Generation, SamplingParams
 from envace.rollout.stream import TokenStream, append_messages, prompt_stream
 from envace.types import Episode, Rehearsal, Role, Sample, Task, ToolCall
 from envace.worlds.base import ToolReply, ToolRequest, World
+from envace.worlds.rehearse import RehearseWorld
 
 ErrorPolicy = Literal["feedback", "end"]
 
@@ -200,7 +201,7 @@ class EpisodeRunner:
     def _world_step(self, states: list[_Live], world: World, engine: Engine, lockstep: bool) -> None:
         requests = [r for s in states for r in s.pending if isinstance(r, ToolRequest)]
         if not requests:
-            if lockstep:
+            if lockstep and _generates_with_policy(world):
                 self._dummy_generate(engine)
             replies: list[ToolReply] = []
         else:
@@ -257,6 +258,15 @@ class EpisodeRunner:
         decoded = self.tokenizer.decode(s.stream.ids, skip_special_tokens=False)
         if decoded != expected or s.stream.text != expected:
             raise AssertionError(f"token stream of episode {s.episode.act.episode_index} diverged from the render")
+
+
+def _generates_with_policy(world: World) -> bool:
+    """The world answers through the policy's engine (rehearsal), so an idle rank must join with a dummy generation.
+
+    A real world never generates and a frozen simulator generates with its own engine: ranks that answer calls then
+    make no policy generation in the world step, so an idle rank must not make one either.
+    """
+    return isinstance(world, RehearseWorld) and world.trained
 
 
 def _assistant_message(content: str, reasoning: str, calls: list[ToolCall]) -> dict[str, Any]:

@@ -1,0 +1,102 @@
+"""Test helpers: a scripted generation engine for driving the rollout state machine without a model.
+
+``ScriptedEngine`` implements ``envace.rollout.engine.Engine``: it answers every prompt with the next entry of a
+predetermined script (in call order, prompts of one call in order), encoded with the policy tokenizer, and records
+everything it was asked. Use one engine for the act role and another (passed as ``world_engine``) for the rehearse
+role to script the two roles separately.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from transformers import PreTrainedTokenizerBase
+
+from envace.policy.chat import encode
+from envace.rollout.engine import Generation, SamplingParams
+
+
+@dataclass(frozen=True)
+class ScriptEntry:
+    """One scripted generation.
+
+    Attributes:
+        text: the generated text (without the stop token).
+        finished: True: the eos id is appended and the generation is finished; False: a truncated generation (no
+            eos, ``finished=False``), as when ``max_new_tokens`` cuts it.
+    """
+
+    text: str
+    finished: bool = True
+
+
+def truncated(text: str) -> ScriptEntry:
+    """A script entry cut by the token budget: no eos appended, ``finished=False``."""
+    return ScriptEntry(text, finished=False)
+
+
+def entry_ids(tokenizer: PreTrainedTokenizerBase, entry: str | ScriptEntry) -> list[int]:
+    """The token ids a script entry generates: its encoded text, plus the eos id when it is finished."""
+    entry = entry if isinstance(entry, ScriptEntry) else ScriptEntry(entry)
+    return encode(tokenizer, entry.text) + ([tokenizer.eos_token_id] if entry.finished else [])
+
+
+class ScriptedEngine:
+    """An ``Engine`` that replays a script and records its calls.
+
+    Args:
+        tokenizer: the tokenizer that encodes the script (the policy's).
+        script: one entry per prompt it will be asked, across all calls, in order; a plain string is a finished
+            entry.
+
+    Attributes:
+        calls: the prompts of each ``generate`` call, in call order.
+        params: the sampling parameters of each call.
+        outputs: the generated ids of each call, parallel to ``calls``.
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, script: list[str | ScriptEntry]) -> None:
+        self.tokenizer = tokenizer
+        self.script = [e if isinstance(e, ScriptEntry) else ScriptEntry(e) for e in script]
+        self.calls: list[list[list[int]]] = []
+        self.params: list[SamplingParams] = []
+        self.outputs: list[list[list[int]]] = []
+
+    @property
+    def call_count(self) -> int:
+        """Number of ``generate`` calls so far."""
+        return len(self.calls)
+
+    @property
+    def prompts(self) -> list[list[int]]:
+        """Every prompt received, flattened across calls, in order."""
+        return [p for call in self.calls for p in call]
+
+    @property
+    def generated(self) -> list[list[int]]:
+        """Every generation returned, flattened across calls, in order (parallel to ``prompts``)."""
+        return [g for call in self.outputs for g in call]
+
+    @property
+    def remaining(self) -> int:
+        """Script entries not used yet."""
+        return len(self.script) - len(self.prompts)
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        """Answer each prompt with the next script entry; see ``Engine.generate``.
+
+        Raises:
+            AssertionError: the script has fewer entries left than prompts were given.
+        """
+        start = len(self.prompts)
+        if start + len(prompts) > len(self.script):
+            raise AssertionError(
+                f"scripted engine exhausted: call {len(self.calls)} asks for {len(prompts)} generation(s), "
+                f"only {len(self.script) - start} script entries left"
+            )
+        entries = self.script[start : start + len(prompts)]
+        generations = [Generation(entry_ids(self.tokenizer, e), e.finished) for e in entries]
+        self.calls.append([list(p) for p in prompts])
+        self.params.append(params)
+        self.outputs.append([list(g.token_ids) for g in generations])
+        return generations

@@ -1,0 +1,58 @@
+"""Every shipped config parses and instantiates (model, data, strategy, callbacks) without loading any weights."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from unittest import mock
+
+import pytest
+
+from envace.cli import ConfigCheckCLI, main
+
+CONFIGS = sorted((Path(__file__).parents[2] / "lit_configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_config_parses_and_instantiates(path: Path) -> None:
+    with mock.patch.object(sys, "argv", ["envace"]):
+        cli = main(["--config", str(path)], run=False, cli_class=ConfigCheckCLI)
+    assert cli.model.model is None  # constructors are cheap: nothing was built or loaded
+    assert cli.model.rollout.max_turns >= 1
+    assert cli.datamodule.batch_size >= 1
+
+
+def test_qwen7b_is_fsdp_with_lora_on_a_real_model_name() -> None:
+    from lightning.pytorch.strategies import FSDPStrategy
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
+
+    with mock.patch.object(sys, "argv", ["envace"]):
+        cli = main(["--config", str(CONFIGS[0].parent / "qwen7b.yaml")], run=False, cli_class=ConfigCheckCLI)
+    strategy = cli.config_init["trainer"]["strategy"]
+    assert isinstance(strategy, FSDPStrategy)
+    wrap = strategy.kwargs["auto_wrap_policy"]
+    assert Qwen2DecoderLayer in wrap._module_classes  # each decoder layer is its own FSDP unit
+    assert strategy.kwargs["use_orig_params"]  # LoRA: frozen and trainable params share units
+    policy = cli.model.policy
+    assert policy.name_or_path.startswith("Qwen/") and policy.lora is not None and policy.dtype == "bfloat16"
+
+
+def test_cli_override_on_the_command_line() -> None:
+    with mock.patch.object(sys, "argv", ["envace"]):
+        cli = main(
+            ["--config", str(CONFIGS[0].parent / "tiny.yaml"), "--model.grpo.group_size=8", "--data.batch_size=3"],
+            run=False,
+            cli_class=ConfigCheckCLI,
+        )
+    assert cli.model.grpo.group_size == 8
+    assert cli.datamodule.batch_size == 3
+
+
+def test_unknown_class_path_is_a_one_line_parse_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with mock.patch.object(sys, "argv", ["envace"]), pytest.raises(SystemExit):
+        main(
+            ["--config", str(CONFIGS[0].parent / "tiny.yaml"), "--model.world=envace.worlds.NoSuchWorld"],
+            run=False,
+            cli_class=ConfigCheckCLI,
+        )
+    assert "NoSuchWorld" in capsys.readouterr().err

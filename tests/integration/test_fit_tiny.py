@@ -1,0 +1,116 @@
+"""End-to-end ``envace fit`` on the tiny config: it trains, logs the required TensorBoard tags, and in rehearse
+mode makes zero real tool calls while the rehearse role is trained."""
+
+from __future__ import annotations
+
+import glob
+import sys
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from envace.cli import main
+from envace.envs.real import RealEnvironment
+from envace.module import EnvACEModule
+from envace.policy import TinyPolicy
+from envace.policy.chat import encode
+from envace.rollout.engine import Generation, SamplingParams
+
+TINY = str(Path(__file__).parents[2] / "lit_configs" / "tiny.yaml")
+REQUIRED_TAGS = [
+    "train/loss_act",
+    "train/loss_rehearse",
+    "train/loss_align",
+    "train/reward_act",
+    "train/reward_rehearse",
+    "train/parse_error_rate_act",
+    "train/parse_error_rate_rehearse",
+]
+
+
+class _ToolThenAnswer:
+    """An act engine that calls ``get_balance`` on a first turn and answers after a tool response."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.generated_tokens = 0
+        self.call = encode(tokenizer, '<tool_call>\n{"name": "get_balance", "arguments": {"account": "A1"}}\n</tool_call>')
+        self.answer = encode(tokenizer, "120")
+        self.response_marker = encode(tokenizer, "<tool_response>")[0]
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        out = []
+        for p in prompts:
+            ids = (self.answer if self.response_marker in p else self.call) + [self.tokenizer.eos_token_id]
+            out.append(Generation(ids, True))
+        self.generated_tokens += sum(len(g.token_ids) for g in out)
+        return out
+
+
+def _fit(tmp_path: Path, *extra: str):
+    args = ["fit", "--config", TINY, "--trainer.max_steps=2", "--trainer.limit_val_batches=0",
+            f"--trainer.default_root_dir={tmp_path}", f"--trainer.logger.init_args.save_dir={tmp_path}",
+            "--trainer.enable_checkpointing=false", *extra]
+    with mock.patch.object(sys, "argv", ["envace"]):
+        return main(args)
+
+
+def _scalars(tmp_path: Path) -> dict[str, list[float]]:
+    files = glob.glob(str(tmp_path / "**" / "events.out.tfevents.*"), recursive=True)
+    assert files, "no TensorBoard event file written"
+    acc = EventAccumulator(files[0])
+    acc.Reload()
+    return {tag: [e.value for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+@pytest.fixture
+def real_call_counter(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls = [0]
+    original = RealEnvironment.execute
+
+    def counting(self, call):
+        calls[0] += 1
+        return original(self, call)
+
+    monkeypatch.setattr(RealEnvironment, "execute", counting)
+    return calls
+
+
+@pytest.mark.slow
+def test_fit_tiny_trains_every_tensor_and_logs_the_required_tags(tmp_path: Path, real_call_counter) -> None:
+    cli = _fit(tmp_path)
+    initial, _ = TinyPolicy().build()  # the same seed builds the same initial weights
+    trained = dict(cli.model.model.named_parameters())
+    for name, before in initial.named_parameters():
+        assert not torch.equal(before, trained[name].detach().cpu()), f"{name} did not change"
+    scalars = _scalars(tmp_path)
+    for tag in REQUIRED_TAGS:
+        assert tag in scalars and len(scalars[tag]) == 2, tag
+    assert all(v == v for v in scalars["train/loss"])  # finite, not NaN
+    assert real_call_counter[0] == 0
+    assert scalars["train/real_calls"] == [0.0, 0.0]
+
+
+@pytest.mark.slow
+def test_rehearse_mode_trains_the_rehearse_role_with_zero_real_calls(
+    tmp_path: Path, real_call_counter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bind = EnvACEModule._bind_worlds
+
+    def scripted_act(self: EnvACEModule) -> None:
+        bind(self)
+        self.act_engine = _ToolThenAnswer(self.tokenizer)
+
+    monkeypatch.setattr(EnvACEModule, "_bind_worlds", scripted_act)
+    cli = _fit(tmp_path, "--model.grpo.align_weight=0")
+    scalars = _scalars(tmp_path)
+    assert real_call_counter[0] == 0
+    assert scalars["train/real_calls"] == [0.0, 0.0]
+    assert min(scalars["train/calls_per_episode"]) == 1.0  # every episode made its call, answered by rehearsal
+    assert min(scalars["train/tokens_rehearse"]) > 0
+    episode = cli.model.last_episodes[0]
+    assert episode.stats.rehearse_calls == 1 and episode.stats.real_calls == 0
+    assert episode.rehearsals[0].sample is not None  # the rehearse row was trained on
