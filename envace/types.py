@@ -123,9 +123,20 @@ class Task:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+def _canonical_numbers(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _canonical_numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_canonical_numbers(v) for v in value]
+    return value
+
+
 def canonical_json(value: Any) -> str:
-    """Canonical JSON text (sorted keys, no spaces): the key for comparing calls and responses."""
-    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    """Canonical JSON text (sorted keys, no spaces, ``5.0`` written as ``5``): the key for comparing calls and
+    responses."""
+    return json.dumps(_canonical_numbers(value), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,7 @@ def build_rehearse_messages(
     *,
     system_prompt: str,
     show_reasoning: bool = False,
+    reasoning: str = "",
 ) -> list[dict[str, str]]:
     """The rehearse role's chat for one call.
 
@@ -71,12 +72,15 @@ def build_rehearse_messages(
         history: the semantic conversation before the call (the assistant message that made the call excluded).
         system_prompt: the system instruction.
         show_reasoning: let the rehearse role see the act role's private reasoning.
+        reasoning: the act role's private reasoning in the turn that made the call (used with ``show_reasoning``).
     """
     blocks = ["Available tools:\n" + "\n".join(json.dumps(t, ensure_ascii=False) for t in task.tools)]
     if task.world_context:
         blocks.append("World state (hidden from the agent):\n" + task.world_context)
     conversation = serialize_history(history, show_reasoning=show_reasoning)
     blocks.append("Conversation so far:\n" + (conversation or "(none)"))
+    if show_reasoning and reasoning:
+        blocks.append(f"Agent's reasoning before the call:\n{reasoning}")
     blocks.append(
         "Call to execute:\n" + json.dumps({"name": call.name, "arguments": call.arguments}, ensure_ascii=False)
     )

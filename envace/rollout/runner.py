@@ -89,7 +89,6 @@ class EpisodeRunner:
     def __init__(self, tokenizer: PreTrainedTokenizerBase, config: RolloutConfig) -> None:
         self.tokenizer = tokenizer
         self.config = config
-        self.stop_ids = {tokenizer.eos_token_id}
 
     def run(
         self,
@@ -179,7 +178,7 @@ class EpisodeRunner:
             s.done = True
         else:
             s.episode.calls.extend(valid)
-            s.pending = [self._request(c, s, history) if isinstance(c, ToolCall) else c for c in items]
+            s.pending = [self._request(c, s, history, turn.reasoning) if isinstance(c, ToolCall) else c for c in items]
 
     def _check(self, call: ToolCall | CallError, s: _Live) -> ToolCall | CallError:
         if isinstance(call, CallError):
@@ -192,9 +191,9 @@ class EpisodeRunner:
             return error
         return call
 
-    def _request(self, call: ToolCall, s: _Live, history: list[dict[str, Any]]) -> ToolRequest:
+    def _request(self, call: ToolCall, s: _Live, history: list[dict[str, Any]], reasoning: str) -> ToolRequest:
         ep = s.episode
-        return ToolRequest(ep.task, call, history, s.handle, ep.act.episode_index, ep.group_index)
+        return ToolRequest(ep.task, call, history, s.handle, ep.act.episode_index, ep.group_index, reasoning)
 
     # -- world ------------------------------------------------------------------------------------------------------
 

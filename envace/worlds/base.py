@@ -27,6 +27,8 @@ class ToolRequest:
         handle: the episode's world state, as returned by ``World.open``.
         episode_index: index of the episode in the rollout.
         group_index: GRPO group of the episode.
+        reasoning: the act role's private reasoning in the turn that made the call (shown to the rehearse role only
+            when it is configured to see reasoning).
     """
 
     task: Task
@@ -35,6 +37,7 @@ class ToolRequest:
     handle: Any
     episode_index: int
     group_index: int
+    reasoning: str = ""
 
 
 @dataclass

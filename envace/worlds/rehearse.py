@@ -60,7 +60,12 @@ class RehearseWorld:
         history = list(req.history)
         while True:
             messages = build_rehearse_messages(
-                req.task, req.call, history, system_prompt=system, show_reasoning=self.show_act_reasoning
+                req.task,
+                req.call,
+                history,
+                system_prompt=system,
+                show_reasoning=self.show_act_reasoning,
+                reasoning=req.reasoning,
             )
             stream = prompt_stream(self.tokenizer, messages, None)
             if len(stream) <= self.max_prompt_tokens or not history:

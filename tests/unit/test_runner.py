@@ -556,19 +556,14 @@ def test_rehearse_prompt_hides_act_reasoning_unless_asked(tok, show):
     assert ep.messages[2]["reasoning"] == "secret plan"
     assert "secret plan" in tok.decode(ep.act.token_ids)  # the act row keeps it
     assert WORLD_CONTEXT in first and WORLD_CONTEXT in second
-    assert "second thought" not in second  # the calling turn itself is not part of the history
     if show:
-        assert "Assistant: <think>secret plan</think>\n<tool_call>" in second
+        assert "Assistant: <think>secret plan</think>\n<tool_call>" in second  # earlier turn, in the history
+        assert "second thought" in second  # the calling turn's own reasoning
     else:
         assert "secret plan" not in first + second and "<think>" not in first + second
     assert_bookkeeping(tok, ep, REASONING_SCRIPT, rehearse)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ToolRequest.history ends before the calling assistant message, so the reasoning of the turn that made "
-    "the call never reaches the rehearse prompt, even with show_act_reasoning=True",
-)
 def test_rehearse_prompt_shows_the_calling_turns_reasoning_when_asked(tok):
     world = rehearse_world(tok, show_act_reasoning=True)
     _, _, rehearse = run(tok, REASONING_SCRIPT[:1] + ["done"], [RESULT_A1], world=world)
