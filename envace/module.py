@@ -22,6 +22,7 @@ from torch import Tensor
 
 from envace.advantages import group_advantages, role_group_ids
 from envace.alignment import AlignmentRows
+from envace.data.datamodule import RolloutDataModule
 from envace.logprobs import token_logps
 from envace.losses.aggregation import TokenAggregator, TokenMean, role_weights
 from envace.losses.objective import LossWeights, envace_objective
@@ -150,7 +151,7 @@ class EnvACEModule(L.LightningModule):
     def setup(self, stage: str) -> None:
         """Hand the DataModule this module's rollout sampler."""
         datamodule = self.trainer.datamodule if self._trainer is not None else None
-        if datamodule is not None and hasattr(datamodule, "connect"):
+        if isinstance(datamodule, RolloutDataModule):
             datamodule.connect(self)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -248,6 +249,8 @@ class EnvACEModule(L.LightningModule):
         step_stats: list[dict[str, Tensor]] = []
         for _ in range(self.grpo.ppo_epochs):
             for rows in self._mini_batches(len(batch)):
+                if self._budget_spent():
+                    break
                 step_stats.append(self._optimise(batch.rows(rows)))
         metrics = _mean_stats(step_stats)
         metrics.update(rollout_metrics(batch.episodes))
@@ -257,9 +260,15 @@ class EnvACEModule(L.LightningModule):
         self.last_episodes = batch.episodes
         self.log_dict({f"train/{k}": float(v) for k, v in metrics.items()}, batch_size=len(batch.episodes))
 
+    def _budget_spent(self) -> bool:
+        """``trainer.max_steps`` counts optimiser steps; stop mid-rollout rather than overshoot it."""
+        max_steps = self.trainer.max_steps
+        return max_steps is not None and 0 <= max_steps <= self.global_step
+
     def _behaviour_logps(self, batch: RolloutBatch) -> None:
         """Old log-probs when the update takes several steps per rollout; reference log-probs for the KL term."""
-        several = self.grpo.ppo_epochs > 1 or len(list(self._mini_batches(len(batch)))) > 1
+        size = self.grpo.mini_batch_size
+        several = self.grpo.ppo_epochs > 1 or 0 < size < len(batch)
         with torch.no_grad():
             if several:
                 batch.old_logps = self._logps_in_chunks(batch, self.model, nullcontext)

@@ -207,7 +207,7 @@ class EpisodeStats:
     act_parse_errors: int = 0  # turns with a malformed <tool_call> block
     unknown_tools: int = 0
     invalid_arguments: int = 0  # arguments that violate the tool's JSON schema
-    rehearse_calls: int = 0
+    rehearse_calls: int = 0  # calls answered by a generating world (rehearsing policy or frozen simulator)
     rehearse_parse_errors: int = 0  # malformed <execution_result> outputs
     real_calls: int = 0  # calls executed by a real environment
     act_truncated: int = 0  # act generations cut by max new tokens

@@ -50,8 +50,9 @@ class RolloutBatch:
         return self.input_ids.shape[0]
 
     def rows(self, index: Tensor) -> RolloutBatch:
-        """The sub-batch of rows ``index``, trimmed to its longest row."""
-        width = int(self.attention_mask[index].sum(-1).max().item()) if len(index) else 0
+        """The sub-batch of rows ``index`` (integer indices or a boolean row mask), trimmed to its longest row."""
+        lengths = self.attention_mask[index].sum(-1)  # [n]
+        width = int(lengths.max().item()) if lengths.numel() else 0
         out = {}
         for f in fields(self):
             value = getattr(self, f.name)
@@ -74,12 +75,23 @@ def collate(samples: list[Sample], temperatures: list[float], pad_id: int) -> Ro
         samples: the rows.
         temperatures: one per row.
         pad_id: padding token id.
+
+    Raises:
+        ValueError: no rows, a temperature count that differs from the row count, or a row whose loss mask length
+            differs from its token count.
     """
+    if not samples or len(temperatures) != len(samples):
+        raise ValueError(
+            f"collate needs at least one row and one temperature per row, got {len(samples)} rows and "
+            f"{len(temperatures)} temperatures"
+        )
     n, width = len(samples), max(len(s) for s in samples)
     input_ids = torch.full((n, width), pad_id, dtype=torch.long)  # [N, T]
     attention_mask = torch.zeros((n, width), dtype=torch.long)  # [N, T]
     loss_mask = torch.zeros((n, width), dtype=torch.float32)  # [N, T]
     for i, s in enumerate(samples):
+        if len(s.loss_mask) != len(s):
+            raise ValueError(f"row {i}: loss_mask has {len(s.loss_mask)} entries for {len(s)} tokens")
         input_ids[i, : len(s)] = torch.tensor(s.token_ids, dtype=torch.long)
         attention_mask[i, : len(s)] = 1
         loss_mask[i, : len(s)] = torch.tensor(s.loss_mask, dtype=torch.float32)

@@ -7,7 +7,7 @@ exactly as generated. ``HFEngine`` wraps ``transformers`` ``generate``; tests us
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -84,7 +84,7 @@ class HFEngine:
         stop_ids: list[int],
         max_batch_size: int = 64,
         synced_gpus: bool = False,
-        adapter_context: Callable[[], contextmanager] | None = None,
+        adapter_context: Callable[[], AbstractContextManager[object]] | None = None,
     ) -> None:
         self.model = model
         self.pad_id = pad_id

@@ -218,7 +218,7 @@ class EpisodeRunner:
         for req, reply in pairs:
             if isinstance(req, ToolRequest) and isinstance(reply, ToolReply):
                 stats.real_calls += int(reply.real)
-                stats.rehearse_calls += int(reply.sample is not None)
+                stats.rehearse_calls += int(not reply.real)
                 stats.rehearse_parse_errors += int(reply.parse_error)
                 stats.rehearse_truncated += int(reply.truncated)
                 s.episode.rehearsals.append(Rehearsal(req.call, reply.content, reply.ok, reply.sample))

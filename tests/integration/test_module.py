@@ -1,0 +1,95 @@
+"""The LightningModule's variants end to end on the tiny policy: per-role adapters ("noshare"), KL to the
+adapter-disabled base, several PPO epochs, and the validate/test subcommands."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import torch
+
+from envace.cli import main
+from envace.module import EnvACEModule
+from envace.policy import TinyPolicy
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_fit_tiny import _scalars, _ToolThenAnswer  # noqa: E402
+
+TINY = str(Path(__file__).parents[2] / "lit_configs" / "tiny.yaml")
+LORA = '{"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}'
+
+
+def _run(tmp_path: Path, command: str, *extra: str):
+    args = [command, "--config", TINY, f"--trainer.default_root_dir={tmp_path}",
+            f"--trainer.logger.init_args.save_dir={tmp_path}", "--trainer.enable_checkpointing=false", *extra]
+    if command == "fit":
+        args += ["--trainer.limit_val_batches=0"]
+    with mock.patch.object(sys, "argv", ["envace"]):
+        return main(args)
+
+
+@pytest.fixture
+def scripted_act(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every episode calls get_balance once, then answers: identical act rows, so act advantages are all zero."""
+    bind = EnvACEModule._bind_worlds
+
+    def bind_scripted(self: EnvACEModule) -> None:
+        bind(self)
+        self.act_engine = _ToolThenAnswer(self.tokenizer)
+
+    monkeypatch.setattr(EnvACEModule, "_bind_worlds", bind_scripted)
+
+
+def _lora(model: torch.nn.Module, adapter: str) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters() if f"lora_B.{adapter}." in n}
+
+
+@pytest.mark.slow
+def test_noshare_adapters_keep_the_roles_apart(tmp_path: Path, scripted_act: None) -> None:
+    # Only the alignment term carries a gradient here (act advantages are all zero, rehearse rows share one reward),
+    # and alignment rows are rehearse rows: the rehearse adapter must move, the act adapter must not.
+    cli = _run(
+        tmp_path, "fit", "--trainer.max_steps=2", f"--model.policy.init_args.lora={LORA}",
+        '--model.policy.init_args.adapters=["act", "rehearse"]', '--model.role_adapters=["act", "rehearse"]',
+        "--model.grpo.align_weight=1.0", "--model.grpo.rehearse_weight=0.0",
+    )
+    model = cli.model.model
+    act, rehearse = _lora(model, "act"), _lora(model, "rehearse")
+    assert act and rehearse
+    assert all(torch.count_nonzero(t) == 0 for t in act.values())  # LoRA B starts at zero and stayed there
+    assert any(torch.count_nonzero(t) > 0 for t in rehearse.values())
+    base, _ = TinyPolicy().build()
+    base_params = sum(p.numel() for n, p in model.named_parameters() if "lora_" not in n)
+    assert base_params == sum(p.numel() for p in base.parameters())  # one frozen base for both roles, no copy
+    assert not any(p.requires_grad for n, p in model.named_parameters() if "lora_" not in n)
+
+
+@pytest.mark.slow
+def test_kl_with_lora_uses_the_adapter_disabled_base(tmp_path: Path) -> None:
+    cli = _run(
+        tmp_path, "fit", "--trainer.max_steps=2", f"--model.policy.init_args.lora={LORA}",
+        "--model.grpo.kl_weight=0.1", "--model.grpo.align_weight=1.0",
+    )
+    assert cli.model.reference is None  # no second copy of the model
+    kl = _scalars(tmp_path)["train/kl"]
+    assert kl[0] == pytest.approx(0.0, abs=1e-7)  # LoRA B starts at zero: policy == base
+    assert kl[1] > 0.0  # after one update the adapter moved the policy away from the base
+
+
+@pytest.mark.slow
+def test_several_ppo_epochs_count_optimiser_steps(tmp_path: Path) -> None:
+    cli = _run(tmp_path, "fit", "--trainer.max_steps=4", "--model.grpo.ppo_epochs=2", "--model.grpo.mini_batch_size=4")
+    assert cli.trainer.global_step == 4  # max_steps counts optimiser steps (manual optimisation)
+    scalars = _scalars(tmp_path)
+    assert len(scalars["train/loss"]) == 1  # one rollout batch made all 4 steps (2 epochs x 2+ mini-batches)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["validate", "test"])
+def test_validate_and_test_run_in_the_real_world(tmp_path: Path, command: str) -> None:
+    cli = _run(tmp_path, command, "--trainer.limit_val_batches=1", "--trainer.limit_test_batches=1")
+    prefix = "val" if command == "validate" else "test"
+    metrics = cli.trainer.callback_metrics
+    assert f"{prefix}/success_act" in metrics and f"{prefix}/real_calls" in metrics
