@@ -31,8 +31,13 @@ class ConfigCheckCLI(EnvaceCLI):
         self.model = self._get(self.config_init, "model")
 
 
-def main(args: ArgsType = None, run: bool = True, cli_class: type[EnvaceCLI] = EnvaceCLI) -> EnvaceCLI:
-    """Entry point of the ``envace`` console script.
+def main(args: ArgsType = None) -> None:
+    """Entry point of the ``envace`` console script."""
+    cli_main(args)
+
+
+def cli_main(args: ArgsType = None, run: bool = True, cli_class: type[EnvaceCLI] = EnvaceCLI) -> EnvaceCLI:
+    """Build (and by default run) the CLI; returns it, so tests and notebooks can reach the trainer and model.
 
     Args:
         args: command-line arguments (default: ``sys.argv``).

@@ -23,7 +23,8 @@ def rollout_metrics(episodes: list[Episode]) -> dict[str, float]:
     rehearsals = [r for e in episodes for r in e.rehearsals if r.sample is not None]
     reh_success = [float(e.success) for e in episodes for r in e.rehearsals if r.sample is not None]
     act_turns = sum(s.act_turns for s in stats)
-    world_calls = sum(len(e.rehearsals) for e in episodes)
+    world_calls = sum(len(e.rehearsals) for e in episodes)  # every call a world answered, real ones included
+    rehearsed = sum(s.rehearse_calls for s in stats)  # the calls a model wrote the response of
     attempted = sum(len(e.calls) + s.unknown_tools + s.invalid_arguments for e, s in zip(episodes, stats))
     n = len(episodes)
     return {
@@ -34,9 +35,9 @@ def rollout_metrics(episodes: list[Episode]) -> dict[str, float]:
         "tokens_act": float(sum(e.act.role_ids.count(int(Role.ACT)) for e in episodes)),
         "tokens_rehearse": float(sum(r.sample.loss_mask.count(1) for r in rehearsals if r.sample is not None)),
         "parse_error_rate_act": _rate(sum(s.act_parse_errors for s in stats), act_turns),
-        "parse_error_rate_rehearse": _rate(sum(s.rehearse_parse_errors for s in stats), world_calls),
+        "parse_error_rate_rehearse": _rate(sum(s.rehearse_parse_errors for s in stats), rehearsed),
         "truncation_rate_act": _rate(sum(s.act_truncated for s in stats), act_turns),
-        "truncation_rate_rehearse": _rate(sum(s.rehearse_truncated for s in stats), world_calls),
+        "truncation_rate_rehearse": _rate(sum(s.rehearse_truncated for s in stats), rehearsed),
         "invalid_call_rate": _rate(sum(s.unknown_tools + s.invalid_arguments for s in stats), attempted),
         "turns_per_episode": _rate(act_turns, n),
         "calls_per_episode": _rate(world_calls, n),

@@ -144,6 +144,8 @@ class EnvACEModule(L.LightningModule):
         model, tokenizer = self.policy.build()
         check_chat_template(tokenizer)
         model.train()
+        if self._device_mesh is not None:
+            _fully_shard(model, self.device_mesh["data_parallel"])
         self.model, self.tokenizer = model, tokenizer
         if self.grpo.kl_weight > 0 and not _is_peft(model):
             self.reference = copy.deepcopy(model).eval().requires_grad_(False)
@@ -374,6 +376,16 @@ class EnvACEModule(L.LightningModule):
         self.last_episodes = episodes
         metrics = rollout_metrics(episodes)
         self.log_dict({f"{prefix}/{k}": v for k, v in metrics.items()}, batch_size=len(tasks), sync_dist=True)
+
+
+def _fully_shard(model: torch.nn.Module, mesh: Any) -> None:
+    """FSDP2 (``ModelParallelStrategy``): each decoder layer is its own unit, then the root (embeddings, head)."""
+    from torch.distributed.fsdp import fully_shard
+
+    for module in model.modules():
+        if type(module).__name__.endswith("DecoderLayer"):
+            fully_shard(module, mesh=mesh)
+    fully_shard(model, mesh=mesh)
 
 
 def _is_peft(model: torch.nn.Module) -> bool:

@@ -145,14 +145,18 @@ class RolloutDataModule(L.LightningDataModule):
         self._pending_state: dict[str, int] | None = None
 
     def setup(self, stage: str) -> None:
-        """Load and validate the task files this stage needs (before any model is built)."""
+        """Load and validate the task files this stage needs (before any model is built).
+
+        Raises:
+            ValueError: a task file the stage needs is not configured (only ``val_tasks`` is optional, for fit).
+        """
         needed = {"fit": ["train", "val"], "validate": ["val"], "test": ["test"], "predict": []}[stage]
         for split in needed:
             path = self.paths[split]
             if path is None:
-                if split != "train" and stage != "fit":
-                    raise ValueError(f"'{stage}' needs data.{split}_tasks")
-                continue
+                if stage == "fit" and split == "val":
+                    continue  # validation during fit is optional
+                raise ValueError(f"'{stage}' needs data.{split}_tasks")
             if split not in self.tasks:
                 self.tasks[split] = load_tasks(resolve_task_path(path))
 

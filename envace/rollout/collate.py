@@ -64,8 +64,8 @@ class RolloutBatch:
 
     def to(self, device: torch.device) -> RolloutBatch:
         """The batch on ``device``."""
-        moved = {f.name: getattr(self, f.name).to(device) for f in fields(self) if isinstance(getattr(self, f.name), Tensor)}
-        return replace(self, **moved)
+        tensors = {f.name: getattr(self, f.name) for f in fields(self)}
+        return replace(self, **{k: v.to(device) for k, v in tensors.items() if isinstance(v, Tensor)})
 
 
 def collate(samples: list[Sample], temperatures: list[float], pad_id: int) -> RolloutBatch:

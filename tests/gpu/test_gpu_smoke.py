@@ -9,7 +9,7 @@ from unittest import mock
 import pytest
 import torch
 
-from envace.cli import main
+from envace.cli import cli_main as main
 
 pytestmark = [
     pytest.mark.gpu,

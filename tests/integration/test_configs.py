@@ -8,7 +8,7 @@ from unittest import mock
 
 import pytest
 
-from envace.cli import ConfigCheckCLI, main
+from envace.cli import ConfigCheckCLI, cli_main as main
 
 CONFIGS = sorted((Path(__file__).parents[2] / "lit_configs").glob("*.yaml"))
 
@@ -23,16 +23,13 @@ def test_config_parses_and_instantiates(path: Path) -> None:
 
 
 def test_qwen7b_is_fsdp_with_lora_on_a_real_model_name() -> None:
-    from lightning.pytorch.strategies import FSDPStrategy
-    from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
+    from lightning.pytorch.strategies import ModelParallelStrategy
 
     with mock.patch.object(sys, "argv", ["envace"]):
         cli = main(["--config", str(CONFIGS[0].parent / "qwen7b.yaml")], run=False, cli_class=ConfigCheckCLI)
     strategy = cli.config_init["trainer"]["strategy"]
-    assert isinstance(strategy, FSDPStrategy)
-    wrap = strategy.kwargs["auto_wrap_policy"]
-    assert Qwen2DecoderLayer in wrap._module_classes  # each decoder layer is its own FSDP unit
-    assert strategy.kwargs["use_orig_params"]  # LoRA: frozen and trainable params share units
+    assert isinstance(strategy, ModelParallelStrategy)  # FSDP2; the module fully_shards the decoder layers
+    assert (strategy._data_parallel_size, strategy._tensor_parallel_size) == (8, 1)
     policy = cli.model.policy
     assert policy.name_or_path.startswith("Qwen/") and policy.lora is not None and policy.dtype == "bfloat16"
 

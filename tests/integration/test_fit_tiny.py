@@ -12,7 +12,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from envace.cli import main
+from envace.cli import cli_main as main
 from envace.envs.real import RealEnvironment
 from envace.module import EnvACEModule
 from envace.policy import TinyPolicy

@@ -10,7 +10,7 @@ from unittest import mock
 import pytest
 import torch
 
-from envace.cli import main
+from envace.cli import cli_main as main
 from envace.module import EnvACEModule
 from envace.policy import TinyPolicy
 

@@ -1,0 +1,31 @@
+"""Two processes on CPU (gloo): FSDP2 through Lightning's ModelParallelStrategy shards the policy, every rank
+samples its own share of tasks, and the ranks stay in lockstep through rollouts, updates and validation."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[2]
+
+
+@pytest.mark.slow
+def test_fsdp2_two_processes_on_cpu(tmp_path: Path) -> None:
+    envace = Path(sys.executable).parent / "envace"
+    cmd = [
+        str(envace), "fit", "--config", str(ROOT / "lit_configs" / "tiny.yaml"),
+        "--trainer.devices=2", "--trainer.strategy=lightning.pytorch.strategies.ModelParallelStrategy",
+        "--trainer.strategy.data_parallel_size=2", "--trainer.strategy.tensor_parallel_size=1",
+        "--trainer.max_steps=2", "--trainer.val_check_interval=2", "--trainer.limit_val_batches=1",
+        "--trainer.enable_checkpointing=false", f"--trainer.default_root_dir={tmp_path}",
+        f"--trainer.logger.init_args.save_dir={tmp_path}",
+    ]
+    env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", HF_HUB_OFFLINE="1")
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "FSDPQwen2ForCausalLM" in done.stdout  # the policy really was sharded with fully_shard
+    assert "`Trainer.fit` stopped: `max_steps=2` reached." in done.stdout + done.stderr

@@ -1,0 +1,115 @@
+"""World-model alignment rows: reference steps, teacher-forced targets under the rehearse prompt, caching."""
+
+from __future__ import annotations
+
+from functools import cache
+
+import pytest
+from torch import nn
+
+from envace.alignment import AlignmentRows, reference_steps
+from envace.data.tasks import load_tasks, resolve_task_path
+from envace.types import Role, Task, ToolCall
+from envace.worlds.base import ToolRequest
+from envace.worlds.rehearse import RehearseWorld
+
+
+@cache
+def bank() -> dict[str, Task]:
+    return {t.id: t for t in load_tasks(resolve_task_path("builtin:bank"))}
+
+
+# bank-0000: one reference call; bank-0002: two calls in two assistant turns
+TRANSFER = ToolCall("transfer", {"source": "E8", "target": "D9", "amount": 29})
+TRANSFER_REAL = '{"source": "E8", "balance": 86, "target": "D9", "amount": 29, "fee": 0}'
+D9 = ToolCall("get_balance", {"account": "D9"})
+D9_REAL = '{"account": "D9", "balance": 229}'
+
+
+@pytest.fixture
+def world(tiny_tokenizer) -> RehearseWorld:
+    world = RehearseWorld()
+    world.bind(tiny_tokenizer, nn.Identity())
+    return world
+
+
+def test_reference_steps_pair_calls_with_recorded_content_and_history() -> None:
+    task = bank()["bank-0002"]
+    steps = reference_steps(task)
+    assert [(call, content) for call, content, _ in steps] == [(TRANSFER, TRANSFER_REAL), (D9, D9_REAL)]
+    # first call: the history is the task's initial chat; second: plus the first call and its response
+    assert steps[0][2] == list(task.messages)
+    assert steps[1][2] == list(task.messages) + list(task.reference[:2])
+    assert steps[1][2][-1]["role"] == "tool" and steps[1][2][-2]["role"] == "assistant"
+
+
+def test_reference_steps_parallel_calls_share_history() -> None:
+    base = bank()["bank-0000"]
+    call = {"type": "function", "function": {"name": "get_balance", "arguments": {"account": "C9"}}}
+    other = {"type": "function", "function": {"name": "get_balance", "arguments": '{"account": "F4"}'}}
+    reference = (
+        {"role": "assistant", "content": "", "tool_calls": [call, other]},
+        {"role": "tool", "name": "get_balance", "content": "c9"},
+        {"role": "tool", "name": "get_balance", "content": "f4"},
+    )
+    task = Task(id="par", messages=base.messages, tools=base.tools, success=base.success, reference=reference)
+    steps = reference_steps(task)
+    assert [(c.arguments["account"], content) for c, content, _ in steps] == [("C9", "c9"), ("F4", "f4")]
+    assert steps[0][2] == steps[1][2] == list(base.messages)  # both before the assistant message
+    assert reference_steps(Task(id="none", messages=base.messages, tools=base.tools, success=base.success)) == []
+
+
+def test_rows_layout_and_target(world: RehearseWorld, tiny_tokenizer) -> None:
+    task = bank()["bank-0002"]
+    rows = AlignmentRows(tiny_tokenizer, world, max_per_task=8).rows([task])
+    assert len(rows) == 2
+    for row, (call, content, history) in zip(rows, reference_steps(task)):
+        prompt = world.prompt(ToolRequest(task, call, history, None, 0, 0))
+        n = len(prompt.ids)
+        assert row.token_ids[:n] == prompt.ids  # the exact rehearse prompt of that call
+        assert row.role_ids[:n] == prompt.roles
+        assert row.loss_mask == [0] * n + [1] * (len(row) - n)  # 1 exactly on the target
+        target = tiny_tokenizer.decode(row.token_ids[n:], skip_special_tokens=False)
+        assert target == f"<execution_result>\n{content}\n</execution_result><|im_end|>"
+        assert row.token_ids[-1] == tiny_tokenizer.eos_token_id
+        assert len(row.role_ids) == len(row.token_ids) == len(row.loss_mask)
+        assert row.align and row.role == Role.REHEARSE and row.episode_index == -1 and row.reward == 0.0
+
+
+def test_recorded_content_is_normalised_like_a_parsed_rehearsal(world: RehearseWorld, tiny_tokenizer) -> None:
+    base = bank()["bank-0000"]
+    call = {"type": "function", "function": {"name": "get_balance", "arguments": {"account": "C9"}}}
+    reference = (
+        {"role": "assistant", "content": "", "tool_calls": [call, call]},
+        {"role": "tool", "name": "get_balance", "content": '{"account":"C9",  "balance":160}'},  # compact spacing
+        {"role": "tool", "name": "get_balance", "content": "plain text"},  # not JSON
+    )
+    task = Task(id="norm", messages=base.messages, tools=base.tools, success=base.success, reference=reference)
+    rows = AlignmentRows(tiny_tokenizer, world, max_per_task=8).rows([task])
+    targets = [tiny_tokenizer.decode([t for t, m in zip(r.token_ids, r.loss_mask) if m]) for r in rows]
+    assert targets == [
+        '<execution_result>\n{"account": "C9", "balance": 160}\n</execution_result><|im_end|>',
+        '<execution_result>\n{"result": "plain text"}\n</execution_result><|im_end|>',
+    ]
+
+
+def test_max_per_task_and_group_index(world: RehearseWorld, tiny_tokenizer) -> None:
+    tasks = [bank()["bank-0000"], bank()["bank-0002"], bank()["bank-0001"]]  # 1, 2 and 1 reference calls
+    one = AlignmentRows(tiny_tokenizer, world, max_per_task=1).rows(tasks)
+    assert [r.group_index for r in one] == [0, 1, 2]
+    first_only = AlignmentRows(tiny_tokenizer, world, max_per_task=8).rows([tasks[1]])[0]
+    assert one[1].token_ids == first_only.token_ids  # the first call of the reference is kept
+    rows = AlignmentRows(tiny_tokenizer, world, max_per_task=8).rows(tasks)
+    assert [r.group_index for r in rows] == [0, 1, 1, 2]  # group index = the task's position in the list
+    assert all(r.align for r in rows)
+    assert AlignmentRows(tiny_tokenizer, world, max_per_task=0).rows(tasks) == []
+
+
+def test_cache_returns_the_same_rows(world: RehearseWorld, tiny_tokenizer) -> None:
+    task, other = bank()["bank-0002"], bank()["bank-0000"]
+    builder = AlignmentRows(tiny_tokenizer, world, max_per_task=8)
+    first = builder.rows([task])
+    again = builder.rows([other, task])  # task now at position 1
+    assert [r.token_ids for r in again[1:]] == [r.token_ids for r in first]
+    assert all(a.token_ids is b.token_ids for a, b in zip(again[1:], first))  # built once, served from the cache
+    assert [r.group_index for r in first] == [0, 0] and [r.group_index for r in again] == [0, 1, 1]

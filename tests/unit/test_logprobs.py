@@ -1,0 +1,135 @@
+"""token_logps: hand-computed log-softmax values, temperature, padding, entropy and gradients with a fake model."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from envace.logprobs import token_logps
+
+LN2, LN3 = math.log(2.0), math.log(3.0)
+
+
+@dataclass
+class _Output:
+    logits: Tensor
+
+
+class FixedLogits(nn.Module):
+    """A 'causal LM' whose logits are a fixed (trainable) tensor, whatever the input; records its inputs."""
+
+    def __init__(self, logits: Tensor) -> None:
+        super().__init__()
+        self.logits = nn.Parameter(logits.clone())
+        self.seen: list[tuple[Tensor, Tensor]] = []
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> _Output:
+        self.seen.append((input_ids, attention_mask))
+        return _Output(self.logits[: input_ids.shape[0], : input_ids.shape[1]])
+
+
+def _logits_1x3() -> Tensor:
+    """V=3. Position 0 predicts token 1, position 1 predicts token 2; position 2's logits are unused."""
+    return torch.tensor(
+        [
+            [
+                [0.0, 0.0, LN2],  # softmax: exp = [1, 1, 2] -> [1/4, 1/4, 1/2]
+                [LN3, 0.0, 0.0],  # softmax: exp = [3, 1, 1] -> [3/5, 1/5, 1/5]
+                [5.0, -5.0, 7.0],  # unused (nothing follows the last token)
+            ]
+        ]
+    )
+
+
+IDS = torch.tensor([[0, 1, 2]])
+MASK = torch.ones(1, 3, dtype=torch.long)
+
+
+def test_hand_values_and_position_zero() -> None:
+    model = FixedLogits(_logits_1x3())
+    logps, entropy = token_logps(model, IDS, MASK)
+    # token 1 after position 0: log(1/4); token 2 after position 1: log(1/5); position 0 has no prefix: 0
+    expected = torch.tensor([[0.0, -math.log(4.0), -math.log(5.0)]])
+    torch.testing.assert_close(logps, expected)
+    assert entropy is None
+    assert logps.shape == (1, 3)
+    ids, mask = model.seen[0]
+    assert torch.equal(ids, IDS) and torch.equal(mask, MASK)  # the model sees the batch as given
+
+
+def test_padding_positions_are_zero() -> None:
+    logits = _logits_1x3().repeat(2, 1, 1)  # [2, 3, 3]
+    ids = torch.tensor([[0, 1, 2], [0, 1, 0]])  # row 1: last token is padding (pad id 0)
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    logps, entropy = token_logps(FixedLogits(logits), ids, mask, with_entropy=True)
+    torch.testing.assert_close(logps[1], torch.tensor([0.0, -math.log(4.0), 0.0]))
+    assert entropy is not None
+    assert entropy[1, 2].item() == 0.0 and entropy[1, 0].item() == 0.0
+    assert entropy[1, 1].item() > 0.0
+
+
+def test_temperature_two_halves_the_logits() -> None:
+    logps, _ = token_logps(FixedLogits(_logits_1x3()), IDS, MASK, torch.tensor([2.0]))
+    # halved position 0: exp([0, 0, ln2/2]) = [1, 1, sqrt2] -> p(1) = 1 / (2 + sqrt2)
+    # halved position 1: exp([ln3/2, 0, 0]) = [sqrt3, 1, 1] -> p(2) = 1 / (2 + sqrt3)
+    expected = torch.tensor([[0.0, -math.log(2 + math.sqrt(2)), -math.log(2 + math.sqrt(3))]])
+    torch.testing.assert_close(logps, expected)
+
+
+def test_temperature_zero_is_treated_as_one() -> None:
+    model = FixedLogits(_logits_1x3().repeat(2, 1, 1))
+    ids, mask = IDS.repeat(2, 1), MASK.repeat(2, 1)
+    greedy, _ = token_logps(model, ids, mask, torch.tensor([0.0, 1.0]))
+    plain, _ = token_logps(model, ids, mask)
+    torch.testing.assert_close(greedy, plain)
+    torch.testing.assert_close(greedy[0], torch.tensor([0.0, -math.log(4.0), -math.log(5.0)]))
+
+
+def test_per_row_temperatures() -> None:
+    model = FixedLogits(_logits_1x3().repeat(2, 1, 1))
+    logps, _ = token_logps(model, IDS.repeat(2, 1), MASK.repeat(2, 1), torch.tensor([1.0, 2.0]))
+    assert logps[0, 1].item() == pytest.approx(-math.log(4.0))  # row 0 at T=1
+    assert logps[1, 1].item() == pytest.approx(-math.log(2 + math.sqrt(2)))  # row 1 at T=2
+
+
+def test_entropy_hand_values() -> None:
+    uniform = torch.zeros(1, 3, 3)  # every position uniform over V=3
+    _, entropy = token_logps(FixedLogits(uniform), IDS, MASK, with_entropy=True)
+    assert entropy is not None
+    # uniform over V: H = log V = log 3 at every predicted position; position 0 is 0
+    torch.testing.assert_close(entropy, torch.tensor([[0.0, LN3, LN3]]))
+    _, entropy = token_logps(FixedLogits(_logits_1x3()), IDS, MASK, with_entropy=True)
+    assert entropy is not None
+    # [1/4, 1/4, 1/2]: H = 2 * (1/4) ln 4 + (1/2) ln 2 = 1.5 ln 2
+    assert entropy[0, 1].item() == pytest.approx(1.5 * LN2)
+    assert not entropy.requires_grad
+
+
+def test_gradient_flows_to_logits() -> None:
+    model = FixedLogits(_logits_1x3())
+    logps, _ = token_logps(model, IDS, MASK)
+    logps.sum().backward()
+    grad = model.logits.grad
+    assert grad is not None
+    # d log softmax(z)[k] / dz = onehot(k) - softmax(z)
+    # position 0, target 1: [0, 1, 0] - [1/4, 1/4, 1/2] = [-1/4, 3/4, -1/2]
+    # position 1, target 2: [0, 0, 1] - [3/5, 1/5, 1/5] = [-3/5, -1/5, 4/5]
+    # position 2 predicts nothing: 0
+    expected = torch.tensor([[[-0.25, 0.75, -0.5], [-0.6, -0.2, 0.8], [0.0, 0.0, 0.0]]])
+    torch.testing.assert_close(grad, expected)
+
+
+def test_gradient_through_temperature() -> None:
+    model = FixedLogits(_logits_1x3())
+    logps, _ = token_logps(model, IDS, MASK, torch.tensor([2.0]))
+    logps[0, 1].backward()
+    grad = model.logits.grad
+    assert grad is not None
+    # z/2 at position 0: p = [1, 1, sqrt2] / (2 + sqrt2); grad = (onehot(1) - p) / 2
+    p = torch.tensor([1.0, 1.0, math.sqrt(2)]) / (2 + math.sqrt(2))
+    torch.testing.assert_close(grad[0, 0], (torch.tensor([0.0, 1.0, 0.0]) - p) / 2)
+    assert torch.count_nonzero(grad[0, 1:]) == 0

@@ -1,0 +1,100 @@
+"""rollout_metrics on hand-built episodes with known counters: exact rates, and 0 (never NaN) when empty."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from envace.metrics import rollout_metrics
+from envace.types import Episode, EpisodeStats, ExpectedAnswer, Rehearsal, Role, Sample, SuccessSpec, Task, ToolCall
+
+SYS, ACT, REH, TOOL = int(Role.SYSTEM), int(Role.ACT), int(Role.REHEARSE), int(Role.TOOL)
+SPEC = SuccessSpec(answer=ExpectedAnswer(equals="x"))
+TASK = Task(id="t", messages=({"role": "user", "content": "q"},), tools=(), success=SPEC)
+CALL = ToolCall("get_balance", {"account": "A1"})
+
+
+def act_row(role_ids: list[int]) -> Sample:
+    return Sample(list(range(len(role_ids))), role_ids, [int(r == ACT) for r in role_ids], Role.ACT, 0, 0)
+
+
+def rehearse_row(loss_mask: list[int]) -> Sample:
+    return Sample(list(range(len(loss_mask))), [REH] * len(loss_mask), loss_mask, Role.REHEARSE, 0, 0)
+
+
+def episode_a() -> Episode:
+    """4 act turns, 2 calls rehearsed by the policy, successful."""
+    stats = EpisodeStats(
+        act_turns=4,
+        act_parse_errors=1,
+        act_truncated=2,
+        unknown_tools=1,
+        rehearse_calls=2,
+        rehearse_parse_errors=1,
+        rehearse_truncated=1,
+        turn_limit=True,
+    )
+    rehearsals = [
+        Rehearsal(CALL, "{}", True, rehearse_row([0, 1, 1, 1]), reward=0.5),  # 3 trained tokens
+        Rehearsal(CALL, "{}", False, rehearse_row([0, 0, 1, 1]), reward=0.25),  # 2 trained tokens
+    ]
+    act = act_row([SYS, ACT, ACT, TOOL, ACT])  # 3 act tokens
+    return Episode(TASK, 0, [], act, rehearsals, [CALL, CALL], "x", stats, reward=1.0, success=True)
+
+
+def episode_b() -> Episode:
+    """2 act turns, 1 call executed by a real environment (no rehearse row), failed, ended by an error."""
+    stats = EpisodeStats(act_turns=2, invalid_arguments=1, real_calls=1, call_limit=True, ended_by_error=True)
+    rehearsals = [Rehearsal(CALL, "{}", True, None, reward=0.0)]
+    return Episode(TASK, 1, [], act_row([SYS, ACT]), rehearsals, [CALL], None, stats, reward=0.0, success=False)
+
+
+def test_exact_rates() -> None:
+    m = rollout_metrics([episode_a(), episode_b()])
+    expected = {
+        "reward_act": 0.5,  # (1.0 + 0.0) / 2 episodes
+        "reward_rehearse": 0.375,  # (0.5 + 0.25) / 2 trained rehearse rows
+        "success_act": 0.5,  # 1 of 2 episodes
+        "success_rehearse": 1.0,  # both trained rehearse rows belong to the successful episode
+        "tokens_act": 4.0,  # 3 + 1 act tokens
+        "tokens_rehearse": 5.0,  # 3 + 2 trained rehearse tokens
+        "parse_error_rate_act": 1 / 6,  # 1 malformed turn / (4 + 2) act turns
+        "parse_error_rate_rehearse": 0.5,  # 1 malformed / 2 rehearsed calls (the real call is no opportunity)
+        "truncation_rate_act": 2 / 6,  # 2 cut turns / 6 act turns
+        "truncation_rate_rehearse": 0.5,  # 1 cut / 2 rehearsed calls
+        "invalid_call_rate": 0.4,  # (1 unknown + 1 invalid) / (3 valid calls + 2 invalid attempts)
+        "turns_per_episode": 3.0,  # 6 turns / 2 episodes
+        "calls_per_episode": 1.5,  # 3 world-answered calls / 2 episodes
+        "real_calls": 1.0,
+        "turn_limit_rate": 0.5,
+        "call_limit_rate": 0.5,
+        "context_limit_rate": 0.0,
+        "error_end_rate": 0.5,
+    }
+    assert m.keys() == expected.keys()
+    for key, value in expected.items():
+        assert m[key] == pytest.approx(value), key
+
+
+def test_no_rehearsals_gives_zero_not_nan() -> None:
+    stats = EpisodeStats(act_turns=1)
+    ep = Episode(TASK, 0, [], act_row([SYS, ACT]), [], [], "x", stats, reward=1.0, success=True)
+    m = rollout_metrics([ep])
+    assert all(math.isfinite(v) for v in m.values())
+    rehearse_keys = ("reward_rehearse", "success_rehearse", "tokens_rehearse", "parse_error_rate_rehearse")
+    for key in (*rehearse_keys, "truncation_rate_rehearse", "invalid_call_rate", "calls_per_episode"):
+        assert m[key] == 0.0, key
+    assert m["reward_act"] == 1.0 and m["success_act"] == 1.0 and m["turns_per_episode"] == 1.0
+
+
+def test_real_world_only_has_zero_rehearse_rates() -> None:
+    m = rollout_metrics([episode_b()])
+    assert m["parse_error_rate_rehearse"] == 0.0 and m["truncation_rate_rehearse"] == 0.0
+    assert m["reward_rehearse"] == 0.0 and m["calls_per_episode"] == 1.0
+    assert m["invalid_call_rate"] == pytest.approx(0.5)  # 1 invalid / (1 valid + 1 invalid)
+
+
+def test_no_episodes() -> None:
+    m = rollout_metrics([])
+    assert m and all(v == 0.0 for v in m.values())

@@ -1,0 +1,115 @@
+"""score_episodes on hand-built episodes of built-in bank tasks: rewards, success and rehearse shaping."""
+
+from __future__ import annotations
+
+from functools import cache
+
+import pytest
+
+from envace.data.tasks import load_tasks, resolve_task_path
+from envace.rewards import FormatPenalty, PredictionErrorShaping, TaskSuccess
+from envace.scoring import score_episodes
+from envace.types import Episode, EpisodeStats, Rehearsal, Role, Sample, Task, ToolCall
+
+
+@cache
+def bank() -> dict[str, Task]:
+    return {t.id: t for t in load_tasks(resolve_task_path("builtin:bank"))}
+
+
+# bank-0000: get_balance(C9) -> {"account": "C9", "balance": 160}; answer "160"; checklist weights 1 + 1
+C9 = ToolCall("get_balance", {"account": "C9"})
+C9_REAL = '{"account": "C9", "balance": 160}'
+
+
+def act_row() -> Sample:
+    return Sample([1, 2, 3], [int(Role.SYSTEM), int(Role.ACT), int(Role.ACT)], [0, 1, 1], Role.ACT, 0, 0)
+
+
+def rehearsal(call: ToolCall, content: str, trained: bool = True) -> Rehearsal:
+    sample = Sample([4, 5], [int(Role.SYSTEM), int(Role.REHEARSE)], [0, 1], Role.REHEARSE, 0, 0) if trained else None
+    return Rehearsal(call=call, content=content, ok=True, sample=sample)
+
+
+def episode(
+    task_id: str, calls: list[ToolCall], answer: str | None, rehearsals: list[Rehearsal], **stats: int
+) -> Episode:
+    return Episode(
+        task=bank()[task_id],
+        group_index=0,
+        messages=[],
+        act=act_row(),
+        rehearsals=rehearsals,
+        calls=calls,
+        final_answer=answer,
+        stats=EpisodeStats(**stats),
+    )
+
+
+def test_rewards_are_summed_and_success_set() -> None:
+    ep = episode("bank-0000", [C9], "160", [rehearsal(C9, C9_REAL)], act_parse_errors=1)
+    score_episodes([ep], [TaskSuccess(), FormatPenalty(penalty=0.1)])
+    # task success 2/2 = 1.0, format penalty -0.1 * 1 error: 1.0 - 0.1 = 0.9
+    assert ep.reward == pytest.approx(0.9)
+    assert ep.success  # success follows the checklist, not the summed reward
+    assert ep.act.reward == pytest.approx(0.9)
+    assert ep.rehearsals[0].reward == pytest.approx(0.9)  # the rehearse row gets the episode reward
+    assert ep.rehearsals[0].sample is not None and ep.rehearsals[0].sample.reward == pytest.approx(0.9)
+
+
+def test_partial_success_is_not_success() -> None:
+    wrong = episode("bank-0000", [C9], "150", [rehearsal(C9, C9_REAL)])
+    none = episode("bank-0000", [], None, [])
+    score_episodes([wrong, none], [TaskSuccess()])
+    assert wrong.reward == pytest.approx(0.5)  # the call (1) without the answer (1): 1 / 2
+    assert not wrong.success
+    assert none.reward == 0.0 and not none.success and none.act.reward == 0.0
+
+
+def test_no_rewards_gives_zero_but_success_still_computed() -> None:
+    ep = episode("bank-0000", [C9], "160", [])
+    score_episodes([ep], [])
+    assert ep.reward == 0.0 and ep.success
+
+
+def test_prediction_error_shaping() -> None:
+    other = ToolCall("get_balance", {"account": "A3"})  # not in bank-0000's reference
+    right = rehearsal(C9, '{"balance": 160.0, "account": "C9"}')  # same leaves, other order and 160.0 == 160
+    wrong = rehearsal(C9, '{"account": "C9", "balance": 150}')
+    unrecorded = rehearsal(other, '{"account": "A3", "balance": 1}')
+    untrained = rehearsal(C9, '{"account": "C9", "balance": 150}', trained=False)
+    ep = episode("bank-0000", [C9, C9, other, C9], "160", [right, wrong, unrecorded, untrained])
+    score_episodes([ep], [TaskSuccess()], PredictionErrorShaping(coef=0.5))
+    assert ep.reward == pytest.approx(1.0) and ep.act.reward == pytest.approx(1.0)  # shaping never touches act
+    assert right.reward == pytest.approx(1.0)  # leaf F1 = 1: no penalty
+    # leaves {account: C9, balance: 150} vs {account: C9, balance: 160}: 1 common -> F1 = 2*1/(2+2) = 0.5
+    # shaping = -0.5 * (1 - 0.5) = -0.25 -> 1.0 - 0.25 = 0.75
+    assert wrong.reward == pytest.approx(0.75)
+    assert wrong.sample is not None and wrong.sample.reward == pytest.approx(0.75)
+    assert unrecorded.reward == pytest.approx(1.0)  # no recorded response: no shaping
+    assert untrained.reward == pytest.approx(0.75) and untrained.sample is None
+
+
+def test_shaping_matches_calls_canonically_across_a_multi_call_reference() -> None:
+    # bank-0002: transfer(E8 -> D9, 29) -> {"source": "E8", "balance": 86, ...}; get_balance(D9) -> balance 229
+    transfer = ToolCall("transfer", {"amount": 29.0, "target": "D9", "source": "E8"})  # 29.0 == 29, any key order
+    d9 = ToolCall("get_balance", {"account": "D9"})
+    # transfer content missing 2 of 5 leaves: pred 3 leaves, ref 5, common 3 -> F1 = 6/8 = 0.75
+    # shaping = -0.5 * 0.25 = -0.125
+    partial = rehearsal(transfer, '{"source": "E8", "balance": 86, "target": "D9"}')
+    # get_balance with a different shape: pred {balance: 229} vs ref {account: D9, balance: 229}: F1 = 2/3
+    # shaping = -0.5 * (1/3) = -1/6
+    short = rehearsal(d9, '{"balance": 229}')
+    ep = episode("bank-0002", [transfer, d9], "0", [partial, short])
+    score_episodes([ep], [TaskSuccess()], PredictionErrorShaping(coef=0.5))
+    # the two ordered calls match, the answer "0" does not ("229"): 2 / 3
+    assert ep.reward == pytest.approx(2 / 3) and not ep.success
+    assert partial.reward == pytest.approx(2 / 3 - 0.125)
+    assert short.reward == pytest.approx(2 / 3 - 1 / 6)
+
+
+def test_non_json_rehearsal_content_gets_no_shaping() -> None:
+    bad = rehearsal(C9, "not json")
+    ep = episode("bank-0000", [C9], "160", [bad])
+    score_episodes([ep], [TaskSuccess()], PredictionErrorShaping(coef=0.5))
+    assert bad.reward == pytest.approx(1.0)
