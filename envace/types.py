@@ -134,8 +134,7 @@ def _canonical_numbers(value: Any) -> Any:
 
 
 def canonical_json(value: Any) -> str:
-    """Canonical JSON text (sorted keys, no spaces, ``5.0`` written as ``5``): the key for comparing calls and
-    responses."""
+    """Canonical JSON text (sorted keys, no spaces, ``5.0`` written as ``5``): the key for comparing calls."""
     return json.dumps(_canonical_numbers(value), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
 

@@ -142,6 +142,11 @@ def encode(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)
 
 
+def decode(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> str:
+    """Exact text of ``ids``: special tokens kept, no clean-up of spaces (so streams and renders stay comparable)."""
+    return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
 def check_prefix_preserving(
     tokenizer: PreTrainedTokenizerBase,
     messages_sequence: list[list[Message]],

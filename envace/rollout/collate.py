@@ -110,5 +110,5 @@ def collate(samples: list[Sample], temperatures: list[float], pad_id: int) -> Ro
 
 
 def role_rows(batch: RolloutBatch, role: Role) -> Tensor:
-    """Boolean mask of the policy-gradient rows of ``role`` (alignment rows excluded).  # [N]"""
+    """Boolean mask (``[N]``) of the policy-gradient rows of ``role``, alignment rows excluded."""
     return (batch.row_role == int(role)) & ~batch.is_align

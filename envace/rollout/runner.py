@@ -8,13 +8,13 @@ act role answers in plain text or a budget ends it. Malformed model output never
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from transformers import PreTrainedTokenizerBase
 
+from envace.policy.chat import decode
 from envace.roles.parsing import CallError, parse_act_output, validate_call
 from envace.rollout.engine import Engine, Generation, SamplingParams
 from envace.rollout.stream import TokenStream, append_messages, prompt_stream
@@ -156,8 +156,8 @@ class EpisodeRunner:
         stats.act_turns += 1
         stats.act_truncated += int(not gen.finished)
         body = gen.token_ids[:-1] if gen.finished else gen.token_ids
-        raw = self.tokenizer.decode(body, skip_special_tokens=False)
-        text = self.tokenizer.decode(gen.token_ids, skip_special_tokens=False)
+        raw = decode(self.tokenizer, body)
+        text = decode(self.tokenizer, gen.token_ids)
         s.stream.extend(gen.token_ids, Role.ACT, text, trained=True)
         s.transcript.append({"role": "assistant", "content": raw})
         turn = parse_act_output(raw)
@@ -254,7 +254,7 @@ class EpisodeRunner:
         from envace.policy.chat import render
 
         expected = render(self.tokenizer, s.transcript, list(s.episode.task.tools), add_generation_prompt=True)
-        decoded = self.tokenizer.decode(s.stream.ids, skip_special_tokens=False)
+        decoded = decode(self.tokenizer, s.stream.ids)
         if decoded != expected or s.stream.text != expected:
             raise AssertionError(f"token stream of episode {s.episode.act.episode_index} diverged from the render")
 

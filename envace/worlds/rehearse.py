@@ -11,6 +11,7 @@ from typing import Any
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
+from envace.policy.chat import decode
 from envace.roles.parsing import parse_execution_result
 from envace.roles.rehearse import build_rehearse_messages, default_system_prompt
 from envace.rollout.engine import Engine, Generation, SamplingParams
@@ -75,7 +76,7 @@ class RehearseWorld:
     def _reply(self, req: ToolRequest, prompt: TokenStream, gen: Generation) -> ToolReply:
         assert self.tokenizer is not None
         body = gen.token_ids[:-1] if gen.finished else gen.token_ids
-        result = parse_execution_result(self.tokenizer.decode(body, skip_special_tokens=False))
+        result = parse_execution_result(decode(self.tokenizer, body))
         sample = Sample(
             token_ids=prompt.ids + gen.token_ids,
             role_ids=prompt.roles + [int(Role.REHEARSE)] * len(gen.token_ids),

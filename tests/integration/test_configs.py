@@ -8,7 +8,8 @@ from unittest import mock
 
 import pytest
 
-from envace.cli import ConfigCheckCLI, cli_main as main
+from envace.cli import ConfigCheckCLI
+from envace.cli import cli_main as main
 
 CONFIGS = sorted((Path(__file__).parents[2] / "lit_configs").glob("*.yaml"))
 

@@ -37,7 +37,8 @@ class _ToolThenAnswer:
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
         self.generated_tokens = 0
-        self.call = encode(tokenizer, '<tool_call>\n{"name": "get_balance", "arguments": {"account": "A1"}}\n</tool_call>')
+        call = '<tool_call>\n{"name": "get_balance", "arguments": {"account": "A1"}}\n</tool_call>'
+        self.call = encode(tokenizer, call)
         self.answer = encode(tokenizer, "120")
         self.response_marker = encode(tokenizer, "<tool_response>")[0]
 
