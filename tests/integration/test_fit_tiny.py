@@ -115,3 +115,14 @@ def test_rehearse_mode_trains_the_rehearse_role_with_zero_real_calls(
     episode = cli.model.last_episodes[0]
     assert episode.stats.rehearse_calls == 1 and episode.stats.real_calls == 0
     assert episode.rehearsals[0].sample is not None  # the rehearse row was trained on
+
+
+@pytest.mark.slow
+def test_fit_is_deterministic_on_cpu_for_a_fixed_seed(tmp_path: Path) -> None:
+    runs = []
+    for name in ("a", "b"):
+        _fit(tmp_path / name)
+        scalars = _scalars(tmp_path / name)
+        runs.append({k: v for k, v in scalars.items() if not k.endswith(("_time_s", "tokens_per_s"))})
+    assert runs[0] == runs[1]
+    assert runs[0]["train/loss"][0] != runs[0]["train/loss"][1]  # the steps did differ from each other
