@@ -54,3 +54,15 @@ def test_unknown_class_path_is_a_one_line_parse_error(capsys: pytest.CaptureFixt
             cli_class=ConfigCheckCLI,
         )
     assert "NoSuchWorld" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "choice",
+    ["envace.losses.TokenMean", "envace.losses.SeqMeanTokenMean", '{"class_path": "envace.losses.ConstantNorm", '
+     '"init_args": {"constant": 512}}'],
+)
+def test_loss_aggregation_is_chosen_by_class_path(choice: str) -> None:
+    with mock.patch.object(sys, "argv", ["envace"]):
+        cli = main(["--config", str(CONFIGS[0].parent / "tiny.yaml"), f"--model.aggregation={choice}"],
+                   run=False, cli_class=ConfigCheckCLI)
+    assert type(cli.model.aggregation).__name__ in choice
