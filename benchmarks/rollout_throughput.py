@@ -244,7 +244,7 @@ def machine_line(threads: int) -> str:
 
 
 def load_average() -> str:
-    """The 1/5/15-minute load averages: above the thread count, another process competed for the cores."""
+    """The 1/5/15-minute load averages (this run counts about ``--threads``; more means other processes competed)."""
     return ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
@@ -263,7 +263,6 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\nTraining steps on {CONFIG} (rollout share = rollout / (rollout + update)):")
     print(steps_table(steps))
     if not args.skip_engine:
-        torch.set_num_threads(args.threads)
         print(f"\nRaw HFEngine, tiny model, {ENGINE_NEW_TOKENS} new tokens (no early stop), sampling T=1.0:")
         print(engine_table())
     print(f"\nload average after the run: {load_average()}")

@@ -106,8 +106,8 @@ class EnvACEModule(L.LightningModule):
         eval_world: World | None = None,
         rewards: list[Reward] | None = None,
         shaping: PredictionErrorShaping | None = None,
-        rollout: RolloutConfig | None = None,
-        grpo: GRPOConfig | None = None,
+        rollout: RolloutConfig = RolloutConfig(),  # noqa: B008 (frozen use: never mutated)
+        grpo: GRPOConfig = GRPOConfig(),  # noqa: B008
         policy_loss: ClippedPolicyLoss | None = None,
         aggregation: TokenAggregator | None = None,
         optimizer: OptimizerCallable = torch.optim.AdamW,
@@ -122,8 +122,8 @@ class EnvACEModule(L.LightningModule):
         self.eval_world = eval_world if eval_world is not None else self.world
         self.rewards = rewards if rewards is not None else [TaskSuccess()]
         self.shaping = shaping
-        self.rollout = rollout or RolloutConfig()
-        self.grpo = grpo or GRPOConfig()
+        self.rollout = rollout
+        self.grpo = grpo
         self.policy_loss = policy_loss or ClippedPolicyLoss()
         self.aggregation = aggregation or TokenMean()
         self.optimizer_factory = optimizer
