@@ -50,7 +50,9 @@ class GRPOConfig:
         group_size: episodes sampled per task (G); advantages are baselined per (task, role) group.
         ppo_epochs: passes over each rollout batch.
         mini_batch_size: rows per optimiser step; 0 takes all rows of the rollout in one step.
-        micro_batch_size: rows per forward/backward (gradient accumulation inside a mini-batch).
+        micro_batch_size: most rows per forward/backward (gradient accumulation inside a mini-batch).
+        micro_batch_tokens: most padded tokens per forward/backward (rows are sorted by length first, so similar
+            lengths share a micro-batch); 0 disables the token budget.
         baseline: ``episode`` (each episode weighs once in its group's mean) or ``row`` (the reference's
             step-weighted mean over all rows).
         scale_by_std: divide advantages by the group's reward std (GRPO) or not (Dr.GRPO, the reference).
@@ -67,6 +69,7 @@ class GRPOConfig:
     ppo_epochs: int = 1
     mini_batch_size: int = 0
     micro_batch_size: int = 8
+    micro_batch_tokens: int = 0
     baseline: Literal["episode", "row"] = "episode"
     scale_by_std: bool = False
     act_weight: float = 1.0
@@ -297,14 +300,20 @@ class EnvACEModule(L.LightningModule):
             yield order[start : start + size].to(self.device)
 
     def _micro_batches(self, batch: RolloutBatch, rows: Tensor) -> Iterator[Tensor]:
-        """Split ``rows`` into micro-batches; with role adapters each micro-batch holds one role only."""
+        """Split ``rows`` into micro-batches of similar length (less padding).
+
+        Each holds at most ``micro_batch_size`` rows and ``micro_batch_tokens`` padded tokens; with role adapters
+        each micro-batch holds one role only.
+        """
         groups = [rows]
         if self.role_adapters:
             roles = batch.row_role[rows]
             groups = [rows[roles == int(r)] for r in (Role.ACT, Role.REHEARSE)]
+        lengths = batch.attention_mask.sum(-1)  # [N]
         for group in groups:
-            for start in range(0, len(group), self.grpo.micro_batch_size):
-                yield group[start : start + self.grpo.micro_batch_size]
+            group = group[torch.argsort(lengths[group], descending=True, stable=True)]
+            sizes = lengths[group].tolist()
+            yield from pack_rows(group, sizes, self.grpo.micro_batch_size, self.grpo.micro_batch_tokens)
 
     def _optimise(self, mb: RolloutBatch) -> dict[str, Tensor]:
         """One optimiser step on a mini-batch, accumulating gradients over its micro-batches."""
@@ -376,6 +385,23 @@ class EnvACEModule(L.LightningModule):
         self.last_episodes = episodes
         metrics = rollout_metrics(episodes)
         self.log_dict({f"{prefix}/{k}": v for k, v in metrics.items()}, batch_size=len(tasks), sync_dist=True)
+
+
+def pack_rows(rows: Tensor, lengths: list[int], max_rows: int, max_tokens: int) -> Iterator[Tensor]:
+    """Greedy consecutive chunks of ``rows`` (sorted longest first) under a row cap and a padded-token budget.
+
+    A chunk's padded size is ``rows_in_chunk * longest_row``; a single row longer than the budget gets a chunk of
+    its own. ``max_tokens`` 0 means no token budget.
+    """
+    start = 0
+    while start < len(rows):
+        end = start + 1
+        while end < len(rows) and end - start < max_rows and (
+            max_tokens <= 0 or (end - start + 1) * lengths[start] <= max_tokens
+        ):
+            end += 1
+        yield rows[start:end]
+        start = end
 
 
 def _fully_shard(model: torch.nn.Module, mesh: Any) -> None:
