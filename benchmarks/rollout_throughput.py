@@ -105,7 +105,6 @@ def fit_args(args: argparse.Namespace, workdir: str) -> list[str]:
         CONFIG,
         f"--trainer.max_steps={args.steps}",
         "--trainer.limit_val_batches=0",
-        "--trainer.enable_checkpointing=false",
         "--trainer.enable_progress_bar=false",
         "--trainer.enable_model_summary=false",
         f"--trainer.logger.init_args.save_dir={workdir}",

@@ -21,7 +21,7 @@ TINY = str(Path(__file__).parents[2] / "lit_configs" / "tiny.yaml")
 def test_tiny_fit_on_one_gpu(tmp_path: Path) -> None:
     args = ["fit", "--config", TINY, "--trainer.accelerator=gpu", "--trainer.precision=bf16-mixed",
             "--trainer.max_steps=2", "--trainer.limit_val_batches=0", "--trainer.logger=false",
-            "--trainer.enable_checkpointing=false", f"--trainer.default_root_dir={tmp_path}"]
+            f"--trainer.default_root_dir={tmp_path}"]
     with mock.patch.object(sys, "argv", ["envace"]):
         cli = main(args)
     assert next(cli.model.model.parameters()).is_cuda

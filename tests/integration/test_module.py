@@ -23,7 +23,7 @@ LORA = '{"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}'
 
 def _run(tmp_path: Path, command: str, *extra: str):
     args = [command, "--config", TINY, f"--trainer.default_root_dir={tmp_path}",
-            f"--trainer.logger.init_args.save_dir={tmp_path}", "--trainer.enable_checkpointing=false", *extra]
+            f"--trainer.logger.init_args.save_dir={tmp_path}", *extra]
     if command == "fit":
         args += ["--trainer.limit_val_batches=0"]
     with mock.patch.object(sys, "argv", ["envace"]):
