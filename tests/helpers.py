@@ -15,6 +15,18 @@ from transformers import PreTrainedTokenizerBase
 from envace.policy.chat import encode
 from envace.rollout.engine import Generation, SamplingParams
 
+BALANCE_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_balance",
+            "description": "Balance of an account",
+            "parameters": {"type": "object", "properties": {"account_id": {"type": "string"}}, "required": []},
+        },
+    }
+]
+"""One tool schema for template and tokenizer tests."""
+
 
 @dataclass(frozen=True)
 class ScriptEntry:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from helpers import BALANCE_TOOLS as TOOLS
 
 from envace.policy.chat import (
     TemplateError,
@@ -15,16 +16,6 @@ from envace.policy.chat import (
 )
 from envace.policy.tiny import build_tokenizer
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_balance",
-            "description": "Balance of an account",
-            "parameters": {"type": "object", "properties": {"account_id": {"type": "string"}}, "required": []},
-        },
-    }
-]
 SYSTEM = {"role": "system", "content": "You are a bank agent."}
 USER = {"role": "user", "content": "What are the balances of A-1 and B-2?"}
 CALLS = (

@@ -6,6 +6,7 @@ import time
 
 import pytest
 import torch
+from helpers import BALANCE_TOOLS as TOOLS
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2ForCausalLM
 
@@ -21,16 +22,6 @@ TEXTS = [
     "naïve café — 日本語 🙂 ß Ωmega",
     "  leading spaces\n\n\ttabs and\r\nCRLF  ",
     "<|im_start|>user\nhi<|im_end|>\n",
-]
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_balance",
-            "description": "Balance of an account",
-            "parameters": {"type": "object", "properties": {"account_id": {"type": "string"}}, "required": []},
-        },
-    }
 ]
 
 # ---------------------------------------------------------------------------------------------------------------------
