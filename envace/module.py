@@ -173,7 +173,7 @@ class EnvACEModule(L.LightningModule):
         for world in {id(self.world): self.world, id(self.eval_world): self.eval_world}.values():
             world.bind(self.tokenizer, self.model)
         self.runner = EpisodeRunner(self.tokenizer, self.rollout)
-        prompter = self.world if isinstance(self.world, RehearseWorld) else RehearseWorld()
+        prompter = _policy_prompter(self.world)
         prompter.bind(self.tokenizer, self.model)
         self.alignment = AlignmentRows(self.tokenizer, prompter, self.grpo.align_max_per_task)
         self.act_engine = self._engine(self.role_adapters[0] if self.role_adapters else None)
@@ -414,6 +414,16 @@ def _fully_shard(model: torch.nn.Module, mesh: Any) -> None:
     fully_shard(model, mesh=mesh)
 
 
+def _policy_prompter(world: World) -> RehearseWorld:
+    """A rehearse prompter for the policy's alignment rows, with the world's prompt settings.
+
+    Never the world itself: a frozen simulator is bound to its own tokenizer and must stay so.
+    """
+    if isinstance(world, RehearseWorld):
+        return RehearseWorld(world.system_prompt, world.show_act_reasoning, world.max_prompt_tokens)
+    return RehearseWorld()
+
+
 def _is_peft(model: torch.nn.Module) -> bool:
     from peft import PeftModel
 
@@ -424,18 +434,16 @@ def _adapter(model: torch.nn.Module, name: str) -> AbstractContextManager[None]:
     """Context that makes ``name`` the active LoRA adapter, restoring the previous one afterwards."""
     from contextlib import contextmanager
 
-    from envace.policy.hf import mark_all_adapters_trainable, use_adapter
+    from envace.policy.hf import use_adapter
 
     @contextmanager
     def active() -> Iterator[None]:
         previous = model.active_adapter
-        use_adapter(model, name)
-        mark_all_adapters_trainable(model)
+        use_adapter(model, name)  # keeps every adapter's trainable flags
         try:
             yield
         finally:
             use_adapter(model, previous)
-            mark_all_adapters_trainable(model)
 
     return active()
 

@@ -93,3 +93,24 @@ def test_validate_and_test_run_in_the_real_world(tmp_path: Path, command: str) -
     prefix = "val" if command == "validate" else "test"
     metrics = cli.trainer.callback_metrics
     assert f"{prefix}/success_act" in metrics and f"{prefix}/real_calls" in metrics
+
+
+@pytest.mark.slow
+def test_frozen_world_answers_calls_and_is_never_trained(tmp_path: Path, scripted_act: None) -> None:
+    cli = _run(tmp_path, "fit", "--trainer.max_steps=2", "--model.world=envace.worlds.FrozenWorld")
+    world = cli.model.world
+    frozen_before, _ = TinyPolicy().build()  # FrozenWorld() copies the initial policy
+    for (name, before), after in zip(frozen_before.named_parameters(), world.engine.model.parameters()):
+        assert torch.equal(before, after), f"frozen simulator weight {name} changed"
+    episode = cli.model.last_episodes[0]
+    assert episode.stats.rehearse_calls == 1 and episode.stats.real_calls == 0
+    assert episode.rehearsals[0].sample is None  # the simulator's tokens are not trained
+    assert _scalars(tmp_path)["train/tokens_rehearse"] == [0.0, 0.0]
+
+
+@pytest.mark.slow
+def test_real_world_baseline_executes_every_call(tmp_path: Path, scripted_act: None) -> None:
+    cli = _run(tmp_path, "fit", "--trainer.max_steps=2", "--model.world=envace.worlds.RealWorld")
+    episode = cli.model.last_episodes[0]
+    assert episode.stats.real_calls == 1 and episode.stats.rehearse_calls == 0
+    assert _scalars(tmp_path)["train/real_calls"] == [8.0, 8.0]  # 2 tasks x 4 episodes, one call each
