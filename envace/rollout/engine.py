@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+from peft import PeftModel
 from torch import nn
+from transformers import GenerationConfig
 
 
 @dataclass(frozen=True)
@@ -110,30 +112,42 @@ class HFEngine:
         for i, p in enumerate(prompts):
             input_ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
             attention_mask[i, width - len(p) :] = 1
-        sample = params.temperature > 0
-        kwargs = dict(do_sample=sample, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k)
-        if not sample:
-            kwargs = dict(do_sample=False, temperature=None, top_p=None, top_k=None)
         with self._generation_mode(), torch.no_grad():
             seqs = self.model.generate(
                 input_ids=input_ids.to(device),
                 attention_mask=attention_mask.to(device),
-                max_new_tokens=params.max_new_tokens,
-                eos_token_id=self.stop_ids,
-                pad_token_id=self.pad_id,
+                generation_config=self._config(params),
                 synced_gpus=self.synced_gpus,
-                **kwargs,
             )  # [n, L + new]
         new = seqs[:, width:].tolist()
         return [cut_at_stop(row, set(self.stop_ids), self.pad_id) for row in new]
 
+    def _config(self, params: SamplingParams) -> GenerationConfig:
+        """A complete generation config for ``params``.
+
+        Built from scratch, so that no default of the checkpoint's ``generation_config.json`` (a repetition penalty,
+        Qwen's top_k=20, ...) changes the sampling distribution the loss assumes.
+        """
+        sampling = {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k}
+        return GenerationConfig(
+            max_new_tokens=params.max_new_tokens,
+            do_sample=params.temperature > 0,
+            eos_token_id=self.stop_ids,
+            pad_token_id=self.pad_id,
+            **(sampling if params.temperature > 0 else {}),
+        )
+
     @contextmanager
     def _generation_mode(self) -> Iterator[None]:
-        """Eval mode (no dropout, KV cache on) for generation, restoring the previous mode afterwards."""
+        """Eval mode (no dropout, KV cache on) and blank generation defaults, restored afterwards."""
         was_training = self.model.training
+        hf_model = self.model.get_base_model() if isinstance(self.model, PeftModel) else self.model
+        checkpoint_defaults = hf_model.generation_config
+        hf_model.generation_config = GenerationConfig()  # transformers fills unset values from this: keep it blank
         self.model.eval()
         try:
             with self.adapter_context() if self.adapter_context is not None else nullcontext():
                 yield
         finally:
             self.model.train(was_training)
+            hf_model.generation_config = checkpoint_defaults
