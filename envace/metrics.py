@@ -47,3 +47,7 @@ def rollout_metrics(episodes: list[Episode]) -> dict[str, float]:
         "context_limit_rate": _rate(sum(s.context_limit for s in stats), n),
         "error_end_rate": _rate(sum(s.ended_by_error for s in stats), n),
     }
+
+
+ROLLOUT_METRICS: tuple[str, ...] = tuple(rollout_metrics([]))
+"""The names ``rollout_metrics`` returns."""

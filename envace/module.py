@@ -19,6 +19,7 @@ import lightning as L
 import torch
 from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor
+from torchmetrics import MeanMetric, MetricCollection
 
 from envace.advantages import group_advantages, role_group_ids
 from envace.alignment import AlignmentRows
@@ -27,7 +28,7 @@ from envace.logprobs import token_logps
 from envace.losses.aggregation import TokenAggregator, TokenMean, role_weights
 from envace.losses.objective import LossWeights, envace_objective
 from envace.losses.policy import ClippedPolicyLoss
-from envace.metrics import rollout_metrics
+from envace.metrics import ROLLOUT_METRICS, rollout_metrics
 from envace.policy.chat import check_chat_template
 from envace.policy.hf import Policy
 from envace.rewards.base import Reward
@@ -137,6 +138,10 @@ class EnvACEModule(L.LightningModule):
         self.tokenizer: Any = None
         self.last_episodes: list[Episode] = []
         self._bound = False
+        # Evaluation means over every episode of every rank (torchmetrics syncs the sums), weighted by episodes.
+        self.eval_metrics = torch.nn.ModuleDict(
+            {split: MetricCollection({k: MeanMetric() for k in ROLLOUT_METRICS}) for split in ("val", "test")}
+        )
 
     # -- setup ------------------------------------------------------------------------------------------------------
 
@@ -378,13 +383,18 @@ class EnvACEModule(L.LightningModule):
     def _evaluate(self, tasks: list[Task], prefix: str) -> None:
         self._bind_worlds()
         greedy = EpisodeRunner(self.tokenizer, replace(self.rollout, act_temperature=0.0, rehearse_temperature=0.0))
+        distributed = self.trainer.world_size > 1
         with torch.no_grad():
-            episodes = greedy.run(tasks, list(range(len(tasks))), self.act_engine, self.eval_world,
-                                  self.rehearse_engine)
+            episodes = greedy.run(
+                tasks, list(range(len(tasks))), self.act_engine, self.eval_world, self.rehearse_engine,
+                any_active=self._any_active if distributed else None,
+            )
         score_episodes(episodes, self.rewards)
         self.last_episodes = episodes
-        metrics = rollout_metrics(episodes)
-        self.log_dict({f"{prefix}/{k}": v for k, v in metrics.items()}, batch_size=len(tasks), sync_dist=True)
+        means = self.eval_metrics[prefix]
+        for key, value in rollout_metrics(episodes).items():
+            means[key].update(torch.tensor(value), weight=len(episodes))  # weight 0 on an empty batch
+            self.log(f"{prefix}/{key}", means[key], on_step=False, on_epoch=True)
 
 
 def pack_rows(rows: Tensor, lengths: list[int], max_rows: int, max_tokens: int) -> Iterator[Tensor]:

@@ -8,6 +8,7 @@ model: the module connects itself through ``connect``.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Iterator
 from typing import Any, Protocol
@@ -100,11 +101,16 @@ class RolloutStream(IterableDataset):
 
 
 class TaskList(IterableDataset):
-    """Evaluation tasks in fixed batches (every rank gets the same number of batches)."""
+    """One rank's evaluation tasks: a stride over all of them, so every task is evaluated exactly once.
+
+    Every rank gets the same number of batches (a rank with fewer tasks ends with a shorter or empty batch), so all
+    ranks take part in the same number of evaluation steps; the rollout runner keeps their generations in lockstep.
+    """
 
     def __init__(self, tasks: list[Task], batch_size: int, rank: int, world_size: int) -> None:
-        mine = [tasks[i] for i in shard(list(range(len(tasks))), rank, world_size)]
-        self.batches = [mine[s : s + batch_size] for s in range(0, len(mine), batch_size)]
+        mine = tasks[rank::world_size]
+        n_batches = math.ceil(math.ceil(len(tasks) / world_size) / batch_size)
+        self.batches = [mine[i * batch_size : (i + 1) * batch_size] for i in range(n_batches)]
 
     def __iter__(self) -> Iterator[list[Task]]:
         return iter(self.batches)

@@ -136,9 +136,18 @@ def test_stream_samples_lazily_one_call_per_batch() -> None:
 
 def test_task_list_shards_evaluation_batches() -> None:
     tasks = make_tasks(7)
-    # rank 1 of 2: 7 // 2 = 3 tasks, strides [1, 3, 5]; batches of 2: [t1, t3], [t5]
+    # rank 1 of 2: strides [1, 3, 5]; batches of 2: [t1, t3], [t5]
     assert ids(list(TaskList(tasks, 2, rank=1, world_size=2))) == [["t1", "t3"], ["t5"]]
     assert ids(list(TaskList(tasks, 4, rank=0, world_size=1))) == [["t0", "t1", "t2", "t3"], ["t4", "t5", "t6"]]
+
+
+def test_task_list_evaluates_every_task_once_with_equal_batch_counts() -> None:
+    tasks = make_tasks(10)
+    # 3 ranks: ceil(10 / 3) = 4 tasks on the fullest rank, batches of 3 -> 2 batches on every rank
+    per_rank = [ids(list(TaskList(tasks, 3, rank=r, world_size=3))) for r in range(3)]
+    assert per_rank == [[["t0", "t3", "t6"], ["t9"]], [["t1", "t4", "t7"], []], [["t2", "t5", "t8"], []]]
+    seen = sorted(t for rank in per_rank for batch in rank for t in batch)
+    assert seen == sorted(f"t{i}" for i in range(10))
 
 
 # --- RolloutDataModule -----------------------------------------------------------------------------------------------
