@@ -191,6 +191,7 @@ class EnvACEModule(L.LightningModule):
             self.model,
             pad_id=tok.pad_token_id,
             stop_ids=[tok.eos_token_id],
+            max_batch_size=self.rollout.generate_batch_size,
             synced_gpus=self.trainer.world_size > 1 if self._trainer is not None else False,
             adapter_context=(lambda: _adapter(self.model, adapter)) if adapter else None,
         )

@@ -99,10 +99,23 @@ class HFEngine:
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         """Generate continuations; see ``Engine.generate``."""
         out: list[Generation] = []
-        for start in range(0, len(prompts), self.max_batch_size):
-            out.extend(self._generate_chunk(prompts[start : start + self.max_batch_size], params))
+        chunks = [prompts[s : s + self.max_batch_size] for s in range(0, len(prompts), self.max_batch_size)]
+        calls = self._peer_chunks(len(chunks))  # agreed before any generation collective starts
+        for chunk in chunks:
+            out.extend(self._generate_chunk(chunk, params))
+        for _ in range(calls - len(chunks)):
+            # Lockstep: a rank with fewer chunks joins its peers' remaining generate calls with a dummy prompt.
+            self._generate_chunk([[self.pad_id]], SamplingParams(max_new_tokens=1))
         self.generated_tokens += sum(len(g.token_ids) for g in out)
         return out
+
+    def _peer_chunks(self, mine: int) -> int:
+        """The most ``generate`` calls any rank makes for this request (``mine`` on a single process)."""
+        if not (self.synced_gpus and torch.distributed.is_initialized()):
+            return mine
+        count = torch.tensor([mine], device=next(self.model.parameters()).device)
+        torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
+        return int(count.item())
 
     def _generate_chunk(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         device = next(self.model.parameters()).device

@@ -43,6 +43,8 @@ class RolloutConfig:
         on_world_error: the same choice for a rehearsed response that breaks the output contract.
         check_render: debug check: after every step, assert the act token stream decodes to the chat-template render
             of the transcript.
+        generate_batch_size: most prompts per ``generate`` call (bounds generation memory); longer batches are
+            split.
     """
 
     max_turns: int = 8
@@ -56,6 +58,7 @@ class RolloutConfig:
     on_call_error: ErrorPolicy = "feedback"
     on_world_error: ErrorPolicy = "feedback"
     check_render: bool = False
+    generate_batch_size: int = 64
 
     def act_params(self) -> SamplingParams:
         """Sampling of the act role."""

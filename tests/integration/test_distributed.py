@@ -21,6 +21,7 @@ def test_fsdp2_two_processes_on_cpu(tmp_path: Path) -> None:
         "--trainer.devices=2", "--trainer.strategy=lightning.pytorch.strategies.ModelParallelStrategy",
         "--trainer.strategy.data_parallel_size=2", "--trainer.strategy.tensor_parallel_size=1",
         "--trainer.max_steps=2", "--trainer.val_check_interval=2", "--trainer.limit_val_batches=1",
+        "--model.rollout.generate_batch_size=3",  # ranks split generation into different numbers of calls
         f"--trainer.default_root_dir={tmp_path}",
         f"--trainer.logger.init_args.save_dir={tmp_path}",
     ]
