@@ -12,25 +12,27 @@ import copy
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, replace
-from typing import Any, Literal
+from dataclasses import replace
+from typing import Any
 
 import lightning as L
 import torch
 from lightning.pytorch.cli import OptimizerCallable
+from peft import PeftModel
 from torch import Tensor
 from torchmetrics import MeanMetric, MetricCollection
 
 from envace.advantages import group_advantages, role_group_ids
 from envace.alignment import AlignmentRows
 from envace.data.datamodule import RolloutDataModule
+from envace.distributed import fully_shard_layers, peer_max
 from envace.logprobs import token_logps
 from envace.losses.aggregation import TokenAggregator, TokenMean, role_weights
 from envace.losses.objective import LossWeights, envace_objective
 from envace.losses.policy import ClippedPolicyLoss
 from envace.metrics import ROLLOUT_METRICS, rollout_metrics
 from envace.policy.chat import check_chat_template
-from envace.policy.hf import Policy
+from envace.policy.hf import Policy, adapter_context
 from envace.rewards.base import Reward
 from envace.rewards.shaping import PredictionErrorShaping
 from envace.rewards.task_success import TaskSuccess
@@ -39,46 +41,9 @@ from envace.rollout.engine import HFEngine
 from envace.rollout.runner import EpisodeRunner, RolloutConfig
 from envace.scoring import score_episodes
 from envace.types import Episode, Role, Task
+from envace.update import GRPOConfig, mean_stats, pack_rows, sum_heads
 from envace.worlds.base import World
-from envace.worlds.rehearse import RehearseWorld
-
-
-@dataclass
-class GRPOConfig:
-    """Role-wise GRPO settings.
-
-    Attributes:
-        group_size: episodes sampled per task (G); advantages are baselined per (task, role) group.
-        ppo_epochs: passes over each rollout batch.
-        mini_batch_size: rows per optimiser step; 0 takes all rows of the rollout in one step.
-        micro_batch_size: most rows per forward/backward (gradient accumulation inside a mini-batch).
-        micro_batch_tokens: most padded tokens per forward/backward (rows are sorted by length first, so similar
-            lengths share a micro-batch); 0 disables the token budget.
-        baseline: ``episode`` (each episode weighs once in its group's mean) or ``row`` (the reference's
-            step-weighted mean over all rows).
-        scale_by_std: divide advantages by the group's reward std (GRPO) or not (Dr.GRPO, the reference).
-        act_weight: weight of the act head.
-        rehearse_weight: weight of the rehearse head.
-        align_weight: weight of the world-model alignment cross-entropy (0 turns it off).
-        kl_weight: weight of the k3 KL to the reference policy (0 turns it off; with LoRA the reference is the
-            adapter-disabled base, otherwise a frozen copy is kept).
-        align_max_per_task: most alignment rows per task per step.
-        grad_clip: gradient-norm clip (0 disables).
-    """
-
-    group_size: int = 4
-    ppo_epochs: int = 1
-    mini_batch_size: int = 0
-    micro_batch_size: int = 8
-    micro_batch_tokens: int = 0
-    baseline: Literal["episode", "row"] = "episode"
-    scale_by_std: bool = False
-    act_weight: float = 1.0
-    rehearse_weight: float = 1.0
-    align_weight: float = 0.0
-    kl_weight: float = 0.0
-    align_max_per_task: int = 4
-    grad_clip: float = 1.0
+from envace.worlds.rehearse import RehearseWorld, alignment_prompter
 
 
 class EnvACEModule(L.LightningModule):
@@ -152,11 +117,13 @@ class EnvACEModule(L.LightningModule):
         model, tokenizer = self.policy.build()
         check_chat_template(tokenizer)
         model.train()
-        if self._device_mesh is not None:
-            _fully_shard(model, self.device_mesh["data_parallel"])
-        self.model, self.tokenizer = model, tokenizer
-        if self.grpo.kl_weight > 0 and not _is_peft(model):
+        if self.grpo.kl_weight > 0 and not isinstance(model, PeftModel):
             self.reference = copy.deepcopy(model).eval().requires_grad_(False)
+        if self._device_mesh is not None:
+            for module in (model, self.reference):
+                if module is not None:
+                    fully_shard_layers(module, self.device_mesh["data_parallel"])
+        self.model, self.tokenizer = model, tokenizer
 
     def setup(self, stage: str) -> None:
         """Hand the DataModule this module's rollout sampler."""
@@ -178,7 +145,7 @@ class EnvACEModule(L.LightningModule):
         for world in {id(self.world): self.world, id(self.eval_world): self.eval_world}.values():
             world.bind(self.tokenizer, self.model)
         self.runner = EpisodeRunner(self.tokenizer, self.rollout)
-        prompter = _policy_prompter(self.world)
+        prompter = alignment_prompter(self.world)
         prompter.bind(self.tokenizer, self.model)
         self.alignment = AlignmentRows(self.tokenizer, prompter, self.grpo.align_max_per_task)
         self.act_engine = self._engine(self.role_adapters[0] if self.role_adapters else None)
@@ -193,7 +160,7 @@ class EnvACEModule(L.LightningModule):
             stop_ids=[tok.eos_token_id],
             max_batch_size=self.rollout.generate_batch_size,
             synced_gpus=self.trainer.world_size > 1 if self._trainer is not None else False,
-            adapter_context=(lambda: _adapter(self.model, adapter)) if adapter else None,
+            adapter_context=(lambda: adapter_context(self.model, adapter)) if adapter else None,
         )
 
     # -- rollouts ---------------------------------------------------------------------------------------------------
@@ -263,7 +230,7 @@ class EnvACEModule(L.LightningModule):
                 if self._budget_spent():
                     break
                 step_stats.append(self._optimise(batch.rows(rows)))
-        metrics = _mean_stats(step_stats)
+        metrics = mean_stats(step_stats)
         metrics.update(rollout_metrics(batch.episodes))
         metrics.update(batch.metrics)
         metrics["update_time_s"] = time.perf_counter() - start
@@ -278,8 +245,7 @@ class EnvACEModule(L.LightningModule):
 
     def _behaviour_logps(self, batch: RolloutBatch) -> None:
         """Old log-probs when the update takes several steps per rollout; reference log-probs for the KL term."""
-        size = self.grpo.mini_batch_size
-        several = self.grpo.ppo_epochs > 1 or 0 < size < len(batch)
+        several = self.grpo.ppo_epochs > 1 or self.grpo.mini_batches > 1
         with torch.no_grad():
             if several:
                 batch.old_logps = self._logps_in_chunks(batch, self.model, nullcontext)
@@ -292,18 +258,32 @@ class EnvACEModule(L.LightningModule):
         self, batch: RolloutBatch, model: torch.nn.Module, context: Any
     ) -> Tensor:
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=batch.input_ids.device)  # [N, T]
-        for idx in self._micro_batches(batch, torch.arange(len(batch), device=batch.input_ids.device)):
+        micro_batches = list(self._micro_batches(batch, torch.arange(len(batch), device=batch.input_ids.device)))
+        for idx in micro_batches:
             micro = batch.rows(idx)
             with context(), self._role_adapter(micro):
                 logps, _ = token_logps(model, micro.input_ids, micro.attention_mask, micro.temperatures)
             out[idx, : logps.shape[1]] = logps
+        for _ in range(self._peer_max(len(micro_batches)) - len(micro_batches)):
+            with context():
+                self._join_peers(model, backward=False)
         return out
 
-    def _mini_batches(self, n: int) -> Iterator[Tensor]:
+    def _mini_batches(self, n: int) -> list[Tensor]:
+        """``grpo.mini_batches`` shuffled parts of the rows: the same count on every rank (a part may be empty)."""
         order = torch.randperm(n, generator=torch.Generator().manual_seed(int(self.global_step)))
-        size = self.grpo.mini_batch_size or n
-        for start in range(0, n, size):
-            yield order[start : start + size].to(self.device)
+        return [part.to(self.device) for part in torch.tensor_split(order, self.grpo.mini_batches)]
+
+    def _peer_max(self, count: int) -> int:
+        """The largest ``count`` over all ranks: every rank must make the same number of model passes."""
+        return peer_max(count, self.device) if self.trainer.world_size > 1 else count
+
+    def _join_peers(self, model: torch.nn.Module, backward: bool) -> None:
+        """A zero-weight one-token pass, so that a rank with fewer micro-batches joins its peers' collectives."""
+        ids = torch.full((1, 1), self.tokenizer.pad_token_id, dtype=torch.long, device=self.device)
+        logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+        if backward:
+            self.manual_backward(logits.sum() * 0.0)
 
     def _micro_batches(self, batch: RolloutBatch, rows: Tensor) -> Iterator[Tensor]:
         """Split ``rows`` into micro-batches of similar length (less padding).
@@ -329,20 +309,22 @@ class EnvACEModule(L.LightningModule):
             "rehearse": role_weights(self.aggregation, mb.loss_mask, role_rows(mb, Role.REHEARSE)),
             "align": role_weights(TokenMean(), mb.loss_mask, mb.is_align),
         }
-        all_rows = torch.arange(len(mb), device=mb.input_ids.device)
+        micro_batches = list(self._micro_batches(mb, torch.arange(len(mb), device=mb.input_ids.device)))
         stats: list[dict[str, Tensor]] = []
-        for idx in self._micro_batches(mb, all_rows):
+        for idx in micro_batches:
             micro = mb.rows(idx)
             w = {k: v[idx][:, : micro.input_ids.shape[1]] for k, v in weights.items()}
             with self._role_adapter(micro):
                 loss, micro_stats = self._micro_loss(micro, w)
             self.manual_backward(loss)
             stats.append(micro_stats)
+        for _ in range(self._peer_max(len(micro_batches)) - len(micro_batches)):
+            self._join_peers(self.model, backward=True)
         if self.grpo.grad_clip > 0:
             self.clip_gradients(optimizer, gradient_clip_val=self.grpo.grad_clip, gradient_clip_algorithm="norm")
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return _sum_heads(stats)
+        return sum_heads(stats)
 
     def _micro_loss(self, micro: RolloutBatch, w: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         logps, entropy = token_logps(
@@ -365,7 +347,7 @@ class EnvACEModule(L.LightningModule):
         if not self.role_adapters:
             return nullcontext()
         name = self.role_adapters[0] if int(micro.row_role[0]) == int(Role.ACT) else self.role_adapters[1]
-        return _adapter(self.model, name)
+        return adapter_context(self.model, name)
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
         """Task batches stay on the host (rollouts are generated on the model's device)."""
@@ -396,85 +378,3 @@ class EnvACEModule(L.LightningModule):
         for key, value in rollout_metrics(episodes).items():
             means[key].update(torch.tensor(value), weight=len(episodes))  # weight 0 on an empty batch
             self.log(f"{prefix}/{key}", means[key], on_step=False, on_epoch=True)
-
-
-def pack_rows(rows: Tensor, lengths: list[int], max_rows: int, max_tokens: int) -> Iterator[Tensor]:
-    """Greedy consecutive chunks of ``rows`` (sorted longest first) under a row cap and a padded-token budget.
-
-    A chunk's padded size is ``rows_in_chunk * longest_row``; a single row longer than the budget gets a chunk of
-    its own. ``max_tokens`` 0 means no token budget.
-    """
-    start = 0
-    while start < len(rows):
-        end = start + 1
-        while end < len(rows) and end - start < max_rows and (
-            max_tokens <= 0 or (end - start + 1) * lengths[start] <= max_tokens
-        ):
-            end += 1
-        yield rows[start:end]
-        start = end
-
-
-def _fully_shard(model: torch.nn.Module, mesh: Any) -> None:
-    """FSDP2 (``ModelParallelStrategy``): each decoder layer is its own unit, then the root (embeddings, head)."""
-    from torch.distributed.fsdp import fully_shard
-
-    for module in model.modules():
-        if type(module).__name__.endswith("DecoderLayer"):
-            fully_shard(module, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-
-
-def _policy_prompter(world: World) -> RehearseWorld:
-    """A rehearse prompter for the policy's alignment rows, with the world's prompt settings.
-
-    Never the world itself: a frozen simulator is bound to its own tokenizer and must stay so.
-    """
-    if isinstance(world, RehearseWorld):
-        return RehearseWorld(world.system_prompt, world.show_act_reasoning, world.max_prompt_tokens)
-    return RehearseWorld()
-
-
-def _is_peft(model: torch.nn.Module) -> bool:
-    from peft import PeftModel
-
-    return isinstance(model, PeftModel)
-
-
-def _adapter(model: torch.nn.Module, name: str) -> AbstractContextManager[None]:
-    """Context that makes ``name`` the active LoRA adapter, restoring the previous one afterwards."""
-    from contextlib import contextmanager
-
-    from envace.policy.hf import use_adapter
-
-    @contextmanager
-    def active() -> Iterator[None]:
-        previous = model.active_adapter
-        use_adapter(model, name)  # keeps every adapter's trainable flags
-        try:
-            yield
-        finally:
-            use_adapter(model, previous)
-
-    return active()
-
-
-def _sum_heads(stats: list[dict[str, Tensor]]) -> dict[str, Tensor]:
-    """Heads are sums over micro-batches (weights were normalised on the whole mini-batch); rates are averaged."""
-    out: dict[str, Tensor] = {}
-    for key in stats[0]:
-        values = torch.stack([s[key].float() for s in stats])
-        if key.startswith("entropy_"):
-            total = values.sum(0)
-            out[key] = total[0] / total[1].clamp(min=1.0)
-        elif key.startswith(("loss", "kl")):
-            out[key] = values.sum()
-        else:
-            out[key] = values.mean()
-    return out
-
-
-def _mean_stats(stats: list[dict[str, Tensor]]) -> dict[str, float]:
-    if not stats:
-        return {}
-    return {k: float(torch.stack([s[k] for s in stats]).mean()) for k in stats[0]}

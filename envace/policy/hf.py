@@ -293,3 +293,14 @@ def _offline_errors(name: str) -> Iterator[None]:
         raise FileNotFoundError(
             f"model '{name}' is not a local directory and could not be loaded offline: {err}"
         ) from err
+
+
+@contextlib.contextmanager
+def adapter_context(model: torch.nn.Module, name: str) -> Iterator[None]:
+    """Make ``name`` the active LoRA adapter for the ``with`` block, restoring the previous one afterwards."""
+    previous = model.active_adapter
+    use_adapter(model, name)  # keeps every adapter's trainable flags
+    try:
+        yield
+    finally:
+        use_adapter(model, previous)

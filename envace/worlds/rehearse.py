@@ -17,7 +17,7 @@ from envace.roles.rehearse import build_rehearse_messages, default_system_prompt
 from envace.rollout.engine import Engine, Generation, SamplingParams
 from envace.rollout.stream import TokenStream, prompt_stream
 from envace.types import Role, Sample, Task
-from envace.worlds.base import ToolReply, ToolRequest
+from envace.worlds.base import ToolReply, ToolRequest, World
 
 
 class RehearseWorld:
@@ -89,3 +89,13 @@ class RehearseWorld:
         return ToolReply(
             content=result.content, ok=result.ok, sample=sample, parse_error=not result.ok, truncated=not gen.finished
         )
+
+
+def alignment_prompter(world: World) -> RehearseWorld:
+    """A rehearse prompter for the policy's alignment rows, with the world's prompt settings.
+
+    Never the world itself: a frozen simulator is bound to its own tokenizer and must stay so.
+    """
+    if isinstance(world, RehearseWorld):
+        return RehearseWorld(world.system_prompt, world.show_act_reasoning, world.max_prompt_tokens)
+    return RehearseWorld()

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 ROOT = Path(__file__).parents[2]
 
@@ -20,8 +21,10 @@ def test_fsdp2_two_processes_on_cpu(tmp_path: Path) -> None:
         str(envace), "fit", "--config", str(ROOT / "lit_configs" / "tiny.yaml"),
         "--trainer.devices=2", "--trainer.strategy=lightning.pytorch.strategies.ModelParallelStrategy",
         "--trainer.strategy.data_parallel_size=2", "--trainer.strategy.tensor_parallel_size=1",
-        "--trainer.max_steps=2", "--trainer.val_check_interval=2", "--trainer.limit_val_batches=1",
+        "--trainer.max_steps=4", "--trainer.val_check_interval=2", "--trainer.limit_val_batches=1",
         "--model.rollout.generate_batch_size=3",  # ranks split generation into different numbers of calls
+        "--model.grpo.micro_batch_size=3",  # and their rows into different numbers of micro-batches
+        "--model.grpo.mini_batches=2",
         f"--trainer.default_root_dir={tmp_path}",
         f"--trainer.logger.init_args.save_dir={tmp_path}",
     ]
@@ -29,4 +32,8 @@ def test_fsdp2_two_processes_on_cpu(tmp_path: Path) -> None:
     done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "FSDPQwen2ForCausalLM" in done.stdout  # the policy really was sharded with fully_shard
-    assert "`Trainer.fit` stopped: `max_steps=2` reached." in done.stdout + done.stderr
+    assert "`Trainer.fit` stopped: `max_steps=4` reached." in done.stdout + done.stderr  # 2 rollouts x 2 steps
+    (events,) = (tmp_path / "envace").rglob("events.out.tfevents.*")
+    accumulator = EventAccumulator(str(events))
+    accumulator.Reload()
+    assert {"val/success_act", "train/loss_align"} <= set(accumulator.Tags()["scalars"])

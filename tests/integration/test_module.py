@@ -80,7 +80,7 @@ def test_kl_with_lora_uses_the_adapter_disabled_base(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_several_ppo_epochs_count_optimiser_steps(tmp_path: Path) -> None:
-    cli = _run(tmp_path, "fit", "--trainer.max_steps=4", "--model.grpo.ppo_epochs=2", "--model.grpo.mini_batch_size=4")
+    cli = _run(tmp_path, "fit", "--trainer.max_steps=4", "--model.grpo.ppo_epochs=2", "--model.grpo.mini_batches=3")
     assert cli.trainer.global_step == 4  # max_steps counts optimiser steps (manual optimisation)
     scalars = _scalars(tmp_path)
     assert len(scalars["train/loss"]) == 1  # one rollout batch made all 4 steps (2 epochs x 2+ mini-batches)

@@ -1,0 +1,97 @@
+"""Update settings and mechanics: ``GRPOConfig``, packing rows into micro-batches, reducing statistics.
+
+Pure functions; the LightningModule owns the optimiser and calls these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class GRPOConfig:
+    """Role-wise GRPO settings.
+
+    Attributes:
+        group_size: episodes sampled per task (G); advantages are baselined per (task, role) group.
+        ppo_epochs: passes over each rollout batch.
+        mini_batches: optimiser steps per pass over a rollout batch (its rows are shuffled and split into this many
+            parts; every rank makes the same number of steps).
+        micro_batch_size: most rows per forward/backward (gradient accumulation inside a mini-batch).
+        micro_batch_tokens: most padded tokens per forward/backward (rows are sorted by length first, so similar
+            lengths share a micro-batch); 0 disables the token budget.
+        baseline: ``episode`` (each episode weighs once in its group's mean) or ``row`` (the reference's
+            step-weighted mean over all rows).
+        scale_by_std: divide advantages by the group's reward std (GRPO) or not (Dr.GRPO, the reference).
+        act_weight: weight of the act head.
+        rehearse_weight: weight of the rehearse head.
+        align_weight: weight of the world-model alignment cross-entropy (0 turns it off).
+        kl_weight: weight of the k3 KL to the reference policy (0 turns it off; with LoRA the reference is the
+            adapter-disabled base, otherwise a frozen copy is kept).
+        align_max_per_task: most alignment rows per task per step.
+        grad_clip: gradient-norm clip (0 disables).
+    """
+
+    group_size: int = 4
+    ppo_epochs: int = 1
+    mini_batches: int = 1
+    micro_batch_size: int = 8
+    micro_batch_tokens: int = 0
+    baseline: Literal["episode", "row"] = "episode"
+    scale_by_std: bool = False
+    act_weight: float = 1.0
+    rehearse_weight: float = 1.0
+    align_weight: float = 0.0
+    kl_weight: float = 0.0
+    align_max_per_task: int = 4
+    grad_clip: float = 1.0
+
+
+def pack_rows(rows: Tensor, lengths: list[int], max_rows: int, max_tokens: int) -> Iterator[Tensor]:
+    """Greedy consecutive chunks of ``rows`` (sorted longest first) under a row cap and a padded-token budget.
+
+    A chunk's padded size is ``rows_in_chunk * longest_row``; a single row longer than the budget gets a chunk of
+    its own. ``max_tokens`` 0 means no token budget.
+    """
+    start = 0
+    while start < len(rows):
+        end = start + 1
+        while end < len(rows) and end - start < max_rows and (
+            max_tokens <= 0 or (end - start + 1) * lengths[start] <= max_tokens
+        ):
+            end += 1
+        yield rows[start:end]
+        start = end
+
+
+def sum_heads(stats: list[dict[str, Tensor]]) -> dict[str, Tensor]:
+    """Reduce the statistics of one optimiser step's micro-batches.
+
+    Loss heads are sums (their weights were normalised over the whole mini-batch); entropies are token-weighted
+    means (their entries are ``[sum, count]`` pairs); rates are averaged over micro-batches. An empty list (a rank
+    whose mini-batch had no rows) gives an empty dict.
+    """
+    out: dict[str, Tensor] = {}
+    for key in stats[0] if stats else ():
+        values = torch.stack([s[key].float() for s in stats])
+        if key.startswith("entropy_"):
+            total = values.sum(0)
+            out[key] = total[0] / total[1].clamp(min=1.0)
+        elif key.startswith(("loss", "kl")):
+            out[key] = values.sum()
+        else:
+            out[key] = values.mean()
+    return out
+
+
+def mean_stats(stats: list[dict[str, Tensor]]) -> dict[str, float]:
+    """Average each statistic over the optimiser steps of a training step (steps without rows are skipped)."""
+    stats = [s for s in stats if s]
+    if not stats:
+        return {}
+    return {k: float(torch.stack([s[k] for s in stats]).mean()) for k in stats[0]}
