@@ -114,3 +114,19 @@ def test_real_world_baseline_executes_every_call(tmp_path: Path, scripted_act: N
     episode = cli.model.last_episodes[0]
     assert episode.stats.real_calls == 1 and episode.stats.rehearse_calls == 0
     assert _scalars(tmp_path)["train/real_calls"] == [8.0, 8.0]  # 2 tasks x 4 episodes, one call each
+
+
+@pytest.mark.slow
+def test_qlora_4bit_policy_trains_on_cpu(tmp_path: Path, tiny_dir: str) -> None:
+    # bitsandbytes NF4 base + LoRA: generate (eval mode) then train on the same model, the trap packages.md warns of.
+    cli = _run(
+        tmp_path, "fit", "--trainer.max_steps=2", "--model.policy=envace.policy.HFPolicy",
+        f"--model.policy.init_args.name_or_path={tiny_dir}", "--model.policy.init_args.load_in_4bit=true",
+        f"--model.policy.init_args.lora={LORA}",
+    )
+    import bitsandbytes as bnb
+
+    model = cli.model.model
+    assert any(isinstance(m, bnb.nn.Linear4bit) for m in model.modules())
+    assert any(torch.count_nonzero(t) > 0 for t in _lora(model, "default").values())  # the adapter learned
+    assert all(v == v for v in _scalars(tmp_path)["train/loss"])
