@@ -236,7 +236,9 @@ class EnvACEModule(L.LightningModule):
         metrics["update_time_s"] = time.perf_counter() - start
         metrics["rows"] = float(len(batch))
         self.last_episodes = batch.episodes
-        self.log_dict({f"train/{k}": float(v) for k, v in metrics.items()}, batch_size=len(batch.episodes))
+        # Averaged over ranks (counts such as real_calls are per-rank means); every rank logs the same keys.
+        self.log_dict({f"train/{k}": float(v) for k, v in metrics.items()}, batch_size=len(batch.episodes),
+                      sync_dist=self.trainer.world_size > 1)
 
     def _budget_spent(self) -> bool:
         """``trainer.max_steps`` counts optimiser steps; stop mid-rollout rather than overshoot it."""
