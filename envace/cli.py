@@ -18,7 +18,14 @@ from envace.module import EnvACEModule  # noqa: E402
 
 
 class EnvaceCLI(LightningCLI):
-    """LightningCLI with envace's defaults."""
+    """LightningCLI with envace's subcommands: ``fit``, ``validate`` and ``test`` (an agent has nothing to predict)."""
+
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        """The Trainer methods exposed as subcommands."""
+        commands = dict(LightningCLI.subcommands())
+        del commands["predict"]
+        return commands
 
 
 class ConfigCheckCLI(EnvaceCLI):
