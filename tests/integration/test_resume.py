@@ -46,3 +46,20 @@ def test_resume_continues_the_task_stream(tmp_path: Path, batches_seen: list[lis
     _fit(tmp_path / "split", 4, f"--ckpt_path={ckpt}")
     assert len(straight) == 4
     assert batches_seen == straight  # steps 3 and 4 after the resume drew the same task batches as the straight run
+
+
+@pytest.mark.slow
+def test_checkpoint_rebuilds_the_module_from_its_hyperparameters(tmp_path: Path) -> None:
+    import torch
+
+    _fit(tmp_path, 2, "--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
+         "--trainer.callbacks.every_n_train_steps=2", f"--trainer.callbacks.dirpath={tmp_path / 'ckpt'}",
+         "--model.grpo.group_size=2")
+    (ckpt,) = (tmp_path / "ckpt").glob("*.ckpt")
+    module = EnvACEModule.load_from_checkpoint(ckpt, weights_only=True)  # plain data only: safe to load
+    assert module.grpo.group_size == 2 and type(module.policy).__name__ == "TinyPolicy"
+    saved = torch.load(ckpt, weights_only=True)["state_dict"]
+    for name, tensor in module.state_dict().items():
+        if name in saved:
+            assert torch.equal(tensor, saved[name]), name
+    assert any(name.startswith("model.") for name in saved)
