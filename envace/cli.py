@@ -1,7 +1,9 @@
-"""The ``envace`` command: LightningCLI over ``EnvACEModule`` and ``RolloutDataModule``.
+"""The ``envace`` command: LightningCLI over envace's LightningModules and ``RolloutDataModule``.
 
-``envace fit --config lit_configs/tiny.yaml --trainer.max_steps=3``; every constructor argument is a config key
-(``envace fit --help`` lists them with their docstrings).
+``envace fit --config lit_configs/tiny.yaml --trainer.max_steps=3``; every constructor argument is a config key.
+The model defaults to ``EnvACEModule`` (a config's ``model:`` section holds its arguments directly); a config picks
+another module with ``model: {class_path: envace.sft.SFTModule, init_args: ...}``.
+``envace fit --model.help EnvACEModule`` lists the arguments with their docstrings.
 """
 
 from __future__ import annotations
@@ -10,11 +12,9 @@ import os
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import lightning as L  # noqa: E402
 from jsonargparse import set_parsing_settings  # noqa: E402
-from lightning.pytorch.cli import ArgsType, LightningCLI  # noqa: E402
-
-from envace.data.datamodule import RolloutDataModule  # noqa: E402
-from envace.module import EnvACEModule  # noqa: E402
+from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI  # noqa: E402
 
 
 class EnvaceCLI(LightningCLI):
@@ -26,6 +26,15 @@ class EnvaceCLI(LightningCLI):
         commands = dict(LightningCLI.subcommands())
         del commands["predict"]
         return commands
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        """Default classes, so a config's ``model:`` and ``data:`` sections can hold plain arguments."""
+        parser.set_defaults(
+            {
+                "model": {"class_path": "envace.module.EnvACEModule"},
+                "data": {"class_path": "envace.data.datamodule.RolloutDataModule"},
+            }
+        )
 
 
 class ConfigCheckCLI(EnvaceCLI):
@@ -53,8 +62,10 @@ def cli_main(args: ArgsType = None, run: bool = True, cli_class: type[EnvaceCLI]
     """
     set_parsing_settings(docstring_parse_attribute_docstrings=True)
     return cli_class(
-        EnvACEModule,
-        RolloutDataModule,
+        L.LightningModule,
+        L.LightningDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
         args=args,
         run=run,
         save_config_kwargs={"overwrite": True},
