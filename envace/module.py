@@ -26,6 +26,7 @@ from envace.advantages import group_advantages, role_group_ids
 from envace.alignment import AlignmentRows
 from envace.data.datamodule import RolloutDataModule
 from envace.distributed import fully_shard_layers, peer_max
+from envace.fidelity import RehearsalFidelity, reference_probes, rehearse_probes
 from envace.logprobs import token_logps
 from envace.losses.aggregation import TokenAggregator, TokenMean, role_weights
 from envace.losses.objective import LossWeights, envace_objective
@@ -37,7 +38,7 @@ from envace.rewards.base import Reward
 from envace.rewards.shaping import PredictionErrorShaping
 from envace.rewards.task_success import TaskSuccess
 from envace.rollout.collate import RolloutBatch, collate, role_rows
-from envace.rollout.engine import HFEngine
+from envace.rollout.engine import HFEngine, SamplingParams
 from envace.rollout.runner import EpisodeRunner, RolloutConfig
 from envace.scoring import score_episodes
 from envace.types import Episode, Role, Task
@@ -66,6 +67,9 @@ class EnvACEModule(L.LightningModule):
         role_adapters: names of the act and rehearse LoRA adapters for the "noshare" variant (the policy must be
             built with ``adapters`` holding both); None shares all weights between the roles (EnvACE's setting).
         log_entropy: log per-role token entropy (one extra softmax over the vocabulary per micro-batch).
+        eval_fidelity: in ``validate``/``test``, also rehearse every reference call of the evaluation tasks
+            (teacher-forced: the real history before it) and log how faithful the responses are to the recorded
+            real ones (exact match, leaf F1, key match, parse rate, error agreement).
     """
 
     def __init__(
@@ -82,6 +86,7 @@ class EnvACEModule(L.LightningModule):
         optimizer: OptimizerCallable = torch.optim.AdamW,
         role_adapters: tuple[str, str] | None = None,
         log_entropy: bool = True,
+        eval_fidelity: bool = True,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -98,6 +103,7 @@ class EnvACEModule(L.LightningModule):
         self.optimizer_factory = optimizer
         self.role_adapters = role_adapters
         self.log_entropy = log_entropy
+        self.eval_fidelity = eval_fidelity
         self.model: torch.nn.Module | None = None
         self.reference: torch.nn.Module | None = None
         self.tokenizer: Any = None
@@ -107,6 +113,7 @@ class EnvACEModule(L.LightningModule):
         self.eval_metrics = torch.nn.ModuleDict(
             {split: MetricCollection({k: MeanMetric() for k in ROLLOUT_METRICS}) for split in ("val", "test")}
         )
+        self.fidelity = torch.nn.ModuleDict({split: RehearsalFidelity() for split in ("val", "test")})
 
     # -- setup ------------------------------------------------------------------------------------------------------
 
@@ -380,3 +387,36 @@ class EnvACEModule(L.LightningModule):
         for key, value in rollout_metrics(episodes).items():
             means[key].update(torch.tensor(value), weight=len(episodes))  # weight 0 on an empty batch
             self.log(f"{prefix}/{key}", means[key], on_step=False, on_epoch=True)
+        if self.eval_fidelity:
+            self._evaluate_fidelity(tasks, prefix)
+
+    def _evaluate_fidelity(self, tasks: list[Task], prefix: str) -> None:
+        """Teacher-forced rehearsal fidelity of ``tasks``' reference calls.
+
+        The policy rehearses every reference call with the real history before it, and each response is compared
+        with the recorded real one.
+        """
+        probes = reference_probes(tasks)
+        if probes:
+            with torch.no_grad():
+                scores = rehearse_probes(probes, self.alignment.prompter, self.rehearse_engine,
+                                         self.rollout.rehearse_max_new_tokens)
+            self.fidelity[prefix].update(scores)
+        elif self.trainer.world_size > 1:
+            self.rehearse_engine.generate([[self.tokenizer.pad_token_id]], SamplingParams(max_new_tokens=1))
+
+    def on_validation_epoch_end(self) -> None:
+        """Log the epoch's rehearsal fidelity."""
+        self._log_fidelity("val")
+
+    def on_test_epoch_end(self) -> None:
+        """Log the epoch's rehearsal fidelity."""
+        self._log_fidelity("test")
+
+    def _log_fidelity(self, prefix: str) -> None:
+        if not self.eval_fidelity:
+            return
+        values = self.fidelity[prefix].compute()  # summed over ranks
+        self.fidelity[prefix].reset()
+        if values["probes"] > 0:
+            self.log_dict({f"{prefix}/fidelity_{k}": v.float() for k, v in values.items() if k != "probes"})

@@ -93,6 +93,8 @@ def test_validate_and_test_run_in_the_real_world(tmp_path: Path, command: str) -
     prefix = "val" if command == "validate" else "test"
     metrics = cli.trainer.callback_metrics
     assert f"{prefix}/success_act" in metrics and f"{prefix}/real_calls" in metrics
+    for key in ("exact_match", "leaf_f1", "key_match", "parse_rate", "error_agreement"):
+        assert 0.0 <= float(metrics[f"{prefix}/fidelity_{key}"]) <= 1.0  # teacher-forced rehearsal fidelity
 
 
 @pytest.mark.slow
