@@ -1,1 +1,16 @@
-"""Built-in tool domains with their packaged task files (``builtin:bank`` is ``bank_tasks.jsonl``)."""
+"""Built-in tool domains and their packaged task files.
+
+``TASK_SETS`` maps each ``builtin:NAME`` to its file in this package. The bank domain (``envace.builtin.bank``) ships
+four splits: ``builtin:bank`` (the training split; ``builtin:bank-train`` is the same file), ``builtin:bank-val``,
+``builtin:bank-test`` and ``builtin:bank-heldout`` (held-out task templates). ``python -m envace.builtin.make_tasks``
+regenerates them; see ``docs/builtin-domain.md``.
+"""
+
+TASK_SETS: dict[str, str] = {
+    "bank": "bank_tasks.jsonl",
+    "bank-train": "bank_tasks.jsonl",
+    "bank-val": "bank_val.jsonl",
+    "bank-test": "bank_test.jsonl",
+    "bank-heldout": "bank_heldout.jsonl",
+}
+"""Packaged task file of each built-in task set name (``builtin:NAME``)."""

@@ -54,23 +54,28 @@ def _one_line(text: str) -> str:
 
 
 def resolve_task_path(path: str) -> Path:
-    """Map ``builtin:NAME`` to the packaged ``envace/builtin/NAME_tasks.jsonl``; any other string is a path.
+    """Map ``builtin:NAME`` to its packaged file in ``envace/builtin/``; any other string is a path.
+
+    The names are those of ``envace.builtin.TASK_SETS``: ``builtin:bank`` (the bank domain's training split,
+    ``bank_tasks.jsonl``; also ``builtin:bank-train``), ``builtin:bank-val``, ``builtin:bank-test`` and
+    ``builtin:bank-heldout`` (held-out task templates).
 
     Args:
         path: a file path or ``builtin:NAME`` (e.g. ``builtin:bank``).
 
     Raises:
-        TaskFormatError: no built-in task file has that name.
+        TaskFormatError: no built-in task set has that name, or its packaged file is missing.
     """
+    from envace.builtin import TASK_SETS  # the built-in names live with the files they name
+
     if not path.startswith(BUILTIN_PREFIX):
         return Path(path)
     name = path[len(BUILTIN_PREFIX) :]
-    resource = files("envace.builtin").joinpath(f"{name}_tasks.jsonl")
+    if name not in TASK_SETS:
+        raise TaskFormatError(f"unknown built-in task set '{path}'; available: {', '.join(sorted(TASK_SETS))}")
+    resource = files("envace.builtin").joinpath(TASK_SETS[name])
     if not resource.is_file():
-        available = sorted(
-            p.name.removesuffix("_tasks.jsonl") for p in files("envace.builtin").iterdir() if p.name.endswith(".jsonl")
-        )
-        raise TaskFormatError(f"unknown built-in task set '{path}'; available: {', '.join(available)}")
+        raise TaskFormatError(f"built-in task set '{path}': packaged file {TASK_SETS[name]} is missing")
     return Path(str(resource))
 
 

@@ -20,10 +20,10 @@ def bank() -> dict[str, Task]:
 
 
 # bank-0000: one reference call; bank-0002: two calls in two assistant turns
-TRANSFER = ToolCall("transfer", {"source": "E8", "target": "D9", "amount": 29})
-TRANSFER_REAL = '{"source": "E8", "balance": 86, "target": "D9", "amount": 29, "fee": 0}'
-D9 = ToolCall("get_balance", {"account": "D9"})
-D9_REAL = '{"account": "D9", "balance": 229}'
+TRANSFER = ToolCall("transfer", {"source": "A6", "target": "F7", "amount": 25})
+TRANSFER_REAL = '{"source": "A6", "balance": 30, "target": "F7", "amount": 25, "fee": 0}'
+D9 = ToolCall("get_balance", {"account": "F7"})
+D9_REAL = '{"account": "F7", "balance": 125}'
 
 
 @pytest.fixture
@@ -34,7 +34,7 @@ def world(tiny_tokenizer) -> RehearseWorld:
 
 
 def test_reference_steps_pair_calls_with_recorded_content_and_history() -> None:
-    task = bank()["bank-0002"]
+    task = bank()["bank-train-0002-transfer_target"]
     steps = reference_steps(task)
     assert [(call, content) for call, content, _ in steps] == [(TRANSFER, TRANSFER_REAL), (D9, D9_REAL)]
     # first call: the history is the task's initial chat; second: plus the first call and its response
@@ -44,7 +44,7 @@ def test_reference_steps_pair_calls_with_recorded_content_and_history() -> None:
 
 
 def test_reference_steps_parallel_calls_share_history() -> None:
-    base = bank()["bank-0000"]
+    base = bank()["bank-train-0000-balance"]
     call = {"type": "function", "function": {"name": "get_balance", "arguments": {"account": "C9"}}}
     other = {"type": "function", "function": {"name": "get_balance", "arguments": '{"account": "F4"}'}}
     reference = (
@@ -60,7 +60,7 @@ def test_reference_steps_parallel_calls_share_history() -> None:
 
 
 def test_rows_layout_and_target(world: RehearseWorld, tiny_tokenizer) -> None:
-    task = bank()["bank-0002"]
+    task = bank()["bank-train-0002-transfer_target"]
     rows = AlignmentRows(tiny_tokenizer, world, max_per_task=8).rows([task])
     assert len(rows) == 2
     for row, (call, content, history) in zip(rows, reference_steps(task)):
@@ -77,7 +77,7 @@ def test_rows_layout_and_target(world: RehearseWorld, tiny_tokenizer) -> None:
 
 
 def test_recorded_content_is_normalised_like_a_parsed_rehearsal(world: RehearseWorld, tiny_tokenizer) -> None:
-    base = bank()["bank-0000"]
+    base = bank()["bank-train-0000-balance"]
     call = {"type": "function", "function": {"name": "get_balance", "arguments": {"account": "C9"}}}
     reference = (
         {"role": "assistant", "content": "", "tool_calls": [call, call]},
@@ -94,7 +94,8 @@ def test_recorded_content_is_normalised_like_a_parsed_rehearsal(world: RehearseW
 
 
 def test_max_per_task_and_group_index(world: RehearseWorld, tiny_tokenizer) -> None:
-    tasks = [bank()["bank-0000"], bank()["bank-0002"], bank()["bank-0001"]]  # 1, 2 and 1 reference calls
+    ids = ["bank-train-0000-balance", "bank-train-0002-transfer_target", "bank-train-0001-deposit"]
+    tasks = [bank()[i] for i in ids]  # 1, 2 and 1 reference calls
     one = AlignmentRows(tiny_tokenizer, world, max_per_task=1).rows(tasks)
     assert [r.group_index for r in one] == [0, 1, 2]
     first_only = AlignmentRows(tiny_tokenizer, world, max_per_task=8).rows([tasks[1]])[0]
@@ -106,7 +107,7 @@ def test_max_per_task_and_group_index(world: RehearseWorld, tiny_tokenizer) -> N
 
 
 def test_cache_returns_the_same_rows(world: RehearseWorld, tiny_tokenizer) -> None:
-    task, other = bank()["bank-0002"], bank()["bank-0000"]
+    task, other = bank()["bank-train-0002-transfer_target"], bank()["bank-train-0000-balance"]
     builder = AlignmentRows(tiny_tokenizer, world, max_per_task=8)
     first = builder.rows([task])
     again = builder.rows([other, task])  # task now at position 1

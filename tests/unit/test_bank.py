@@ -119,21 +119,25 @@ def test_real_environments_are_independent() -> None:
     assert spec.init_args == {"balances": {"A1": 1}}
 
 
-def test_generate_tasks_deterministic_and_kinds() -> None:
+def test_generate_tasks_deterministic_and_templates() -> None:
     tasks = generate_tasks(8, seed=3)
     assert [task_to_record(t) for t in tasks] == [task_to_record(t) for t in generate_tasks(8, seed=3)]
     assert [task_to_record(t) for t in tasks] != [task_to_record(t) for t in generate_tasks(8, seed=4)]
-    first_calls = [t.success.calls[0].name for t in tasks[:4]]
-    assert first_calls == ["get_balance", "deposit", "transfer", "withdraw"]
-    assert [len(t.success.calls) for t in tasks[:4]] == [1, 1, 2, 1]
-    assert tasks[3].success.answer is not None and tasks[3].success.answer.equals == "error"
+    first_calls = [t.success.calls[0].name for t in tasks[:7]]
+    assert first_calls == ["get_balance", "deposit", "transfer", "withdraw", "withdraw", "transfer", "get_balance"]
+    assert [len(t.success.calls) for t in tasks[:7]] == [1, 1, 2, 1, 1, 3, 1]
+    overdraw = tasks[4]  # insufficient_funds: the answer names the account
+    assert overdraw.success.answer is not None
+    account = overdraw.success.calls[0].arguments["account"]
+    assert overdraw.success.answer.equals == f"error: insufficient funds in {account}"
     for task in tasks:
         assert parse_task(task_to_record(task)) == task  # every generated task passes the loader
 
 
-def test_references_satisfy_their_own_success_spec() -> None:
+@pytest.mark.parametrize("name", ["builtin:bank", "builtin:bank-val", "builtin:bank-test", "builtin:bank-heldout"])
+def test_references_satisfy_their_own_success_spec(name: str) -> None:
     """Replay each reference on a fresh real bank: same responses, and the task scores 1.0."""
-    for task in load_tasks("builtin:bank"):
+    for task in load_tasks(name):
         assert task.environment is not None
         env = RealEnvironment(task.environment)
         pairs = reference_calls(task)
@@ -153,7 +157,5 @@ def test_world_context_lists_balances_and_fee() -> None:
 
 
 def test_packaged_file_matches_generator(tmp_path) -> None:
-    out = tmp_path / "bank.jsonl"
-    main(["--n", "64", "--seed", "0", "--out", str(out)])
-    packaged = load_tasks("builtin:bank")
-    assert load_tasks(out) == packaged
+    main(["--out-dir", str(tmp_path)])
+    assert load_tasks(tmp_path / "bank_tasks.jsonl") == load_tasks("builtin:bank")

@@ -156,8 +156,8 @@ def test_task_list_evaluates_every_task_once_with_equal_batch_counts() -> None:
 def test_setup_fit_loads_the_builtin_bank() -> None:
     dm = RolloutDataModule(train_tasks="builtin:bank", batch_size=2)
     dm.setup("fit")
-    assert len(dm.tasks["train"]) == 64
-    assert dm.tasks["train"][0].id == "bank-0000"
+    assert len(dm.tasks["train"]) == 160
+    assert dm.tasks["train"][0].id == "bank-train-0000-balance"
     assert "val" not in dm.tasks and dm.val_dataloader() == []
 
 
@@ -176,10 +176,10 @@ def test_validate_and_test_loaders() -> None:
     dm = RolloutDataModule(val_tasks="builtin:bank", eval_batch_size=16)
     dm.setup("validate")
     batches = list(dm.val_dataloader())
-    assert [len(b) for b in batches] == [16, 16, 16, 16]
-    assert batches[0][0].id == "bank-0000"
+    assert [len(b) for b in batches] == [16] * 10
+    assert batches[0][0].id == "bank-train-0000-balance"
     dm.setup("test")  # test_tasks defaults to val_tasks
-    assert sum(len(b) for b in dm.test_dataloader()) == 64
+    assert sum(len(b) for b in dm.test_dataloader()) == 160
 
 
 def test_train_dataloader_needs_a_sampler() -> None:
@@ -208,7 +208,7 @@ def test_state_round_trip_before_the_loader_exists() -> None:
     trained.setup("fit")
     trained.connect(RecordingSampler())
     loader = iter(trained.train_dataloader())
-    for _ in range(17):  # 64 // 4 = 16 batches per epoch: one epoch and one batch
+    for _ in range(41):  # 160 // 4 = 40 batches per epoch: one epoch and one batch
         next(loader)
     state = trained.state_dict()
     assert state == {"epoch": 1, "position": 1}

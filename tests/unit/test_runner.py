@@ -532,15 +532,15 @@ def test_real_world_reports_tool_errors_as_content(tok):
 
 
 def test_real_world_on_a_builtin_bank_task(tok):
-    task = load_tasks(resolve_task_path("builtin:bank"))[0]  # "What is the balance of account C9?"; C9 holds 160
-    script = [call_text("get_balance", {"account": "C9"}), "160"]
+    task = load_tasks(resolve_task_path("builtin:bank"))[0]  # "What is the balance of account F3?"; F3 holds 180
+    script = [call_text("get_balance", {"account": "F3"}), "180"]
     world = RealWorld()
     world.bind(tok, model=None)
     (ep,), _, rehearse = run(tok, script, tasks=[task], world=world)
     assert tool_messages(ep) == [{"role": "tool", "name": "get_balance", "content": task.reference[1]["content"]}]
-    assert task.reference[1]["content"] == '{"account": "C9", "balance": 160}'
+    assert task.reference[1]["content"] == '{"account": "F3", "balance": 180}'
     assert ep.stats == EpisodeStats(act_turns=2, real_calls=1) and rehearse.call_count == 0
-    assert ep.calls == [ToolCall("get_balance", {"account": "C9"})] and ep.final_answer == "160"
+    assert ep.calls == [ToolCall("get_balance", {"account": "F3"})] and ep.final_answer == "180"
     assert_bookkeeping(tok, ep, script)
 
 # -- 12. what the rehearse role sees -----------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import cache
 
 import pytest
@@ -17,9 +18,9 @@ def bank() -> dict[str, Task]:
     return {t.id: t for t in load_tasks(resolve_task_path("builtin:bank"))}
 
 
-# bank-0000: get_balance(C9) -> {"account": "C9", "balance": 160}; answer "160"; checklist weights 1 + 1
-C9 = ToolCall("get_balance", {"account": "C9"})
-C9_REAL = '{"account": "C9", "balance": 160}'
+# bank-0000: get_balance(C9) -> {"account": "C9", "balance": 160}; answer "180"; checklist weights 1 + 1
+C9 = ToolCall("get_balance", {"account": "F3"})
+C9_REAL = '{"account": "F3", "balance": 180}'
 
 
 def act_row() -> Sample:
@@ -34,8 +35,10 @@ def rehearsal(call: ToolCall, content: str, trained: bool = True) -> Rehearsal:
 def episode(
     task_id: str, calls: list[ToolCall], answer: str | None, rehearsals: list[Rehearsal], **stats: int
 ) -> Episode:
+    task = bank()[task_id]
+    task = replace(task, success=replace(task.success, forbid_extra_calls=False))  # some episodes repeat calls
     return Episode(
-        task=bank()[task_id],
+        task=task,
         group_index=0,
         messages=[],
         act=act_row(),
@@ -47,7 +50,7 @@ def episode(
 
 
 def test_rewards_are_summed_and_success_set() -> None:
-    ep = episode("bank-0000", [C9], "160", [rehearsal(C9, C9_REAL)], act_parse_errors=1)
+    ep = episode("bank-train-0000-balance", [C9], "180", [rehearsal(C9, C9_REAL)], act_parse_errors=1)
     score_episodes([ep], [TaskSuccess(), FormatPenalty(penalty=0.1)])
     # task success 2/2 = 1.0, format penalty -0.1 * 1 error: 1.0 - 0.1 = 0.9
     assert ep.reward == pytest.approx(0.9)
@@ -58,8 +61,8 @@ def test_rewards_are_summed_and_success_set() -> None:
 
 
 def test_partial_success_is_not_success() -> None:
-    wrong = episode("bank-0000", [C9], "150", [rehearsal(C9, C9_REAL)])
-    none = episode("bank-0000", [], None, [])
+    wrong = episode("bank-train-0000-balance", [C9], "150", [rehearsal(C9, C9_REAL)])
+    none = episode("bank-train-0000-balance", [], None, [])
     score_episodes([wrong, none], [TaskSuccess()])
     assert wrong.reward == pytest.approx(0.5)  # the call (1) without the answer (1): 1 / 2
     assert not wrong.success
@@ -67,18 +70,18 @@ def test_partial_success_is_not_success() -> None:
 
 
 def test_no_rewards_gives_zero_but_success_still_computed() -> None:
-    ep = episode("bank-0000", [C9], "160", [])
+    ep = episode("bank-train-0000-balance", [C9], "180", [])
     score_episodes([ep], [])
     assert ep.reward == 0.0 and ep.success
 
 
 def test_prediction_error_shaping() -> None:
     other = ToolCall("get_balance", {"account": "A3"})  # not in bank-0000's reference
-    right = rehearsal(C9, '{"balance": 160.0, "account": "C9"}')  # same leaves, other order and 160.0 == 160
-    wrong = rehearsal(C9, '{"account": "C9", "balance": 150}')
+    right = rehearsal(C9, '{"balance": 180.0, "account": "F3"}')  # same leaves, other order and 160.0 == 160
+    wrong = rehearsal(C9, '{"account": "F3", "balance": 150}')
     unrecorded = rehearsal(other, '{"account": "A3", "balance": 1}')
-    untrained = rehearsal(C9, '{"account": "C9", "balance": 150}', trained=False)
-    ep = episode("bank-0000", [C9, C9, other, C9], "160", [right, wrong, unrecorded, untrained])
+    untrained = rehearsal(C9, '{"account": "F3", "balance": 150}', trained=False)
+    ep = episode("bank-train-0000-balance", [C9, C9, other, C9], "180", [right, wrong, unrecorded, untrained])
     score_episodes([ep], [TaskSuccess()], PredictionErrorShaping(coef=0.5))
     assert ep.reward == pytest.approx(1.0) and ep.act.reward == pytest.approx(1.0)  # shaping never touches act
     assert right.reward == pytest.approx(1.0)  # leaf F1 = 1: no penalty
@@ -92,15 +95,15 @@ def test_prediction_error_shaping() -> None:
 
 def test_shaping_matches_calls_canonically_across_a_multi_call_reference() -> None:
     # bank-0002: transfer(E8 -> D9, 29) -> {"source": "E8", "balance": 86, ...}; get_balance(D9) -> balance 229
-    transfer = ToolCall("transfer", {"amount": 29.0, "target": "D9", "source": "E8"})  # 29.0 == 29, any key order
-    d9 = ToolCall("get_balance", {"account": "D9"})
+    transfer = ToolCall("transfer", {"amount": 25.0, "target": "F7", "source": "A6"})  # 29.0 == 29, any key order
+    d9 = ToolCall("get_balance", {"account": "F7"})
     # transfer content missing 2 of 5 leaves: pred 3 leaves, ref 5, common 3 -> F1 = 6/8 = 0.75
     # shaping = -0.5 * 0.25 = -0.125
-    partial = rehearsal(transfer, '{"source": "E8", "balance": 86, "target": "D9"}')
+    partial = rehearsal(transfer, '{"source": "A6", "balance": 30, "target": "F7"}')
     # get_balance with a different shape: pred {balance: 229} vs ref {account: D9, balance: 229}: F1 = 2/3
     # shaping = -0.5 * (1/3) = -1/6
-    short = rehearsal(d9, '{"balance": 229}')
-    ep = episode("bank-0002", [transfer, d9], "0", [partial, short])
+    short = rehearsal(d9, '{"balance": 125}')
+    ep = episode("bank-train-0002-transfer_target", [transfer, d9], "0", [partial, short])
     score_episodes([ep], [TaskSuccess()], PredictionErrorShaping(coef=0.5))
     # the two ordered calls match, the answer "0" does not ("229"): 2 / 3
     assert ep.reward == pytest.approx(2 / 3) and not ep.success
@@ -110,6 +113,6 @@ def test_shaping_matches_calls_canonically_across_a_multi_call_reference() -> No
 
 def test_non_json_rehearsal_content_gets_no_shaping() -> None:
     bad = rehearsal(C9, "not json")
-    ep = episode("bank-0000", [C9], "160", [bad])
+    ep = episode("bank-train-0000-balance", [C9], "180", [bad])
     score_episodes([ep], [TaskSuccess()], PredictionErrorShaping(coef=0.5))
     assert bad.reward == pytest.approx(1.0)

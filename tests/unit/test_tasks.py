@@ -135,8 +135,8 @@ def test_builtin_bank_loads() -> None:
     path = resolve_task_path("builtin:bank")
     assert path.name == "bank_tasks.jsonl" and path.is_file()
     tasks = load_tasks("builtin:bank")
-    assert len(tasks) == 64
-    assert len({t.id for t in tasks}) == 64
+    assert len(tasks) == 160
+    assert len({t.id for t in tasks}) == 160
     assert all(t.environment is not None and t.reference for t in tasks)
 
 
