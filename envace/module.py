@@ -15,7 +15,6 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 from typing import Any
 
-import lightning as L
 import torch
 from lightning.pytorch.cli import OptimizerCallable
 from peft import PeftModel
@@ -24,7 +23,7 @@ from torchmetrics import MeanMetric, MetricCollection
 
 from envace.advantages import group_advantages, role_group_ids
 from envace.alignment import AlignmentRows
-from envace.data.datamodule import RolloutDataModule
+from envace.base_module import PolicyModule
 from envace.distributed import fully_shard_layers, peer_max
 from envace.fidelity import RehearsalFidelity, reference_probes, rehearse_probes
 from envace.logprobs import token_logps
@@ -47,7 +46,7 @@ from envace.worlds.base import World
 from envace.worlds.rehearse import RehearseWorld, alignment_prompter
 
 
-class EnvACEModule(L.LightningModule):
+class EnvACEModule(PolicyModule):
     """A policy trained with world rehearsal: it acts, rehearses its own tool responses, and learns from both.
 
     Args:
@@ -131,20 +130,6 @@ class EnvACEModule(L.LightningModule):
                 if module is not None:
                     fully_shard_layers(module, self.device_mesh["data_parallel"])
         self.model, self.tokenizer = model, tokenizer
-
-    def setup(self, stage: str) -> None:
-        """Hand the DataModule this module's rollout sampler."""
-        datamodule = self.trainer.datamodule if self._trainer is not None else None
-        if isinstance(datamodule, RolloutDataModule):
-            datamodule.connect(self)
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        """One optimiser over every trainable parameter (both roles' heads share it)."""
-        assert self.model is not None
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        if not params:
-            raise ValueError("the policy has no trainable parameters")
-        return self.optimizer_factory(params)
 
     def _bind_worlds(self) -> None:
         if self._bound:

@@ -12,7 +12,6 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-import lightning as L
 import torch
 from lightning.pytorch.cli import OptimizerCallable
 from peft import PeftModel
@@ -20,7 +19,7 @@ from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
 from envace.alignment import AlignmentRows
-from envace.data.datamodule import RolloutDataModule
+from envace.base_module import PolicyModule
 from envace.logprobs import token_logps
 from envace.policy.hf import Policy
 from envace.rollout.collate import RolloutBatch, collate
@@ -101,7 +100,7 @@ def warm_start(
     return WarmStartReport(steps, sum(losses[:10]) / len(losses[:10]), sum(losses[-10:]) / len(losses[-10:]))
 
 
-class SFTModule(L.LightningModule):
+class SFTModule(PolicyModule):
     """Supervised warm start of both roles from the tasks' reference trajectories (teacher forcing).
 
     Act rows are the reference dialogues trained on the assistant tokens; rehearse rows are the rehearse-role prompt
@@ -148,17 +147,6 @@ class SFTModule(L.LightningModule):
         prompter = RehearseWorld()
         prompter.bind(self.tokenizer, self.model)
         self.alignment = AlignmentRows(self.tokenizer, prompter, self.rehearse_max_per_task)
-
-    def setup(self, stage: str) -> None:
-        """Hand the DataModule this module as its sampler."""
-        datamodule = self.trainer.datamodule if self._trainer is not None else None
-        if isinstance(datamodule, RolloutDataModule):
-            datamodule.connect(self)
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        """One optimiser over every trainable parameter."""
-        assert self.model is not None
-        return self.optimizer_factory([p for p in self.model.parameters() if p.requires_grad])
 
     def sample_rollouts(self, tasks: list[Task]) -> RolloutBatch:
         """The supervised rows of ``tasks`` (they do not depend on the weights)."""
