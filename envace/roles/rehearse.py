@@ -63,6 +63,7 @@ def build_rehearse_messages(
     system_prompt: str,
     show_reasoning: bool = False,
     reasoning: str = "",
+    all_tools: bool = False,
 ) -> list[dict[str, str]]:
     """The rehearse role's chat for one call.
 
@@ -73,8 +74,11 @@ def build_rehearse_messages(
         system_prompt: the system instruction.
         show_reasoning: let the rehearse role see the act role's private reasoning.
         reasoning: the act role's private reasoning in the turn that made the call (used with ``show_reasoning``).
+        all_tools: list every tool's schema; by default only the called tool's (calls reach the world already
+            validated against their schema, and the shorter prompt makes rehearsal cheaper).
     """
-    blocks = ["Available tools:\n" + "\n".join(json.dumps(t, ensure_ascii=False) for t in task.tools)]
+    tools = [t for t in task.tools if all_tools or t["function"]["name"] == call.name]
+    blocks = ["Tools:\n" + "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)]
     if task.world_context:
         blocks.append("World state (hidden from the agent):\n" + task.world_context)
     conversation = serialize_history(history, show_reasoning=show_reasoning)

@@ -21,6 +21,7 @@ class FrozenWorld(RehearseWorld):
         system_prompt: rehearse-role system instruction; the packaged one when None.
         show_act_reasoning: show the act role's private reasoning to the simulator.
         max_prompt_tokens: cap on a simulator prompt.
+        all_tools: show every tool's schema, not only the called tool's.
     """
 
     trained = False
@@ -31,8 +32,9 @@ class FrozenWorld(RehearseWorld):
         system_prompt: str | None = None,
         show_act_reasoning: bool = False,
         max_prompt_tokens: int = 4096,
+        all_tools: bool = False,
     ) -> None:
-        super().__init__(system_prompt, show_act_reasoning, max_prompt_tokens)
+        super().__init__(system_prompt, show_act_reasoning, max_prompt_tokens, all_tools)
         self.policy = policy
         self.engine: HFEngine | None = None
 

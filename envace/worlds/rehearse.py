@@ -28,16 +28,22 @@ class RehearseWorld:
         show_act_reasoning: show the act role's private ``<think>`` text to the rehearse role (the reference does;
             off by default because it lets the two roles collude).
         max_prompt_tokens: cap on a rehearse prompt; the oldest history messages are dropped to fit.
+        all_tools: show every tool's schema in the rehearse prompt, not only the called tool's.
     """
 
     trained = True
 
     def __init__(
-        self, system_prompt: str | None = None, show_act_reasoning: bool = False, max_prompt_tokens: int = 4096
+        self,
+        system_prompt: str | None = None,
+        show_act_reasoning: bool = False,
+        max_prompt_tokens: int = 4096,
+        all_tools: bool = False,
     ) -> None:
         self.system_prompt = system_prompt
         self.show_act_reasoning = show_act_reasoning
         self.max_prompt_tokens = max_prompt_tokens
+        self.all_tools = all_tools
         self.tokenizer: PreTrainedTokenizerBase | None = None
 
     def bind(self, tokenizer: PreTrainedTokenizerBase, model: nn.Module) -> None:
@@ -67,6 +73,7 @@ class RehearseWorld:
                 system_prompt=system,
                 show_reasoning=self.show_act_reasoning,
                 reasoning=req.reasoning,
+                all_tools=self.all_tools,
             )
             stream = prompt_stream(self.tokenizer, messages, None)
             if len(stream) <= self.max_prompt_tokens or not history:
@@ -97,5 +104,5 @@ def alignment_prompter(world: World) -> RehearseWorld:
     Never the world itself: a frozen simulator is bound to its own tokenizer and must stay so.
     """
     if isinstance(world, RehearseWorld):
-        return RehearseWorld(world.system_prompt, world.show_act_reasoning, world.max_prompt_tokens)
+        return RehearseWorld(world.system_prompt, world.show_act_reasoning, world.max_prompt_tokens, world.all_tools)
     return RehearseWorld()
