@@ -41,7 +41,8 @@ def rollout_metrics(episodes: list[Episode]) -> dict[str, float]:
         "invalid_call_rate": _rate(sum(s.unknown_tools + s.invalid_arguments for s in stats), attempted),
         "turns_per_episode": _rate(act_turns, n),
         "calls_per_episode": _rate(world_calls, n),
-        "real_calls": float(sum(s.real_calls for s in stats)),
+        "real_calls": float(sum(s.real_calls for s in stats)),  # spent in this batch
+        "real_calls_per_episode": _rate(sum(s.real_calls for s in stats), n),
         "turn_limit_rate": _rate(sum(s.turn_limit for s in stats), n),
         "call_limit_rate": _rate(sum(s.call_limit for s in stats), n),
         "context_limit_rate": _rate(sum(s.context_limit for s in stats), n),

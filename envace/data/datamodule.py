@@ -127,6 +127,8 @@ class RolloutDataModule(L.LightningDataModule):
         eval_batch_size: tasks per evaluation batch.
         shuffle: reshuffle the training tasks every epoch.
         seed: shuffling seed.
+        max_train_tasks: train on the first this-many tasks of the file only (e.g. limited demonstrations for an
+            imperfect warm start); None uses them all.
     """
 
     def __init__(
@@ -138,10 +140,14 @@ class RolloutDataModule(L.LightningDataModule):
         eval_batch_size: int = 16,
         shuffle: bool = True,
         seed: int = 0,
+        max_train_tasks: int | None = None,
     ) -> None:
         super().__init__()
         if batch_size < 1 or eval_batch_size < 1:
             raise ValueError("batch_size and eval_batch_size must be at least 1")
+        if max_train_tasks is not None and max_train_tasks < 1:
+            raise ValueError(f"max_train_tasks must be at least 1, got {max_train_tasks}")
+        self.max_train_tasks = max_train_tasks
         self.paths = {"train": train_tasks, "val": val_tasks, "test": test_tasks or val_tasks}
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
         self.shuffle, self.seed = shuffle, seed
@@ -164,7 +170,8 @@ class RolloutDataModule(L.LightningDataModule):
                     continue  # validation during fit is optional
                 raise ValueError(f"'{stage}' needs data.{split}_tasks")
             if split not in self.tasks:
-                self.tasks[split] = load_tasks(resolve_task_path(path))
+                tasks = load_tasks(resolve_task_path(path))
+                self.tasks[split] = tasks[: self.max_train_tasks] if split == "train" else tasks
 
     def connect(self, sampler: RolloutSampler) -> None:
         """Attach the sampler the training stream draws rollouts from."""

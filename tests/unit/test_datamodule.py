@@ -231,3 +231,13 @@ def test_load_state_dict_updates_a_live_stream_and_ignores_empty_state() -> None
     assert dm.state_dict() == {"epoch": 0, "position": 0}
     dm.load_state_dict({"epoch": 3, "position": 7})
     assert dm.state_dict() == {"epoch": 3, "position": 7}
+
+
+def test_max_train_tasks_keeps_the_first_tasks_only() -> None:
+    dm = RolloutDataModule(train_tasks="builtin:bank", max_train_tasks=12)
+    dm.setup("fit")
+    full = RolloutDataModule(train_tasks="builtin:bank")
+    full.setup("fit")
+    assert [t.id for t in dm.tasks["train"]] == [t.id for t in full.tasks["train"][:12]]
+    with pytest.raises(ValueError, match="max_train_tasks"):
+        RolloutDataModule(max_train_tasks=0)

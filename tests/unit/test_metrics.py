@@ -67,6 +67,7 @@ def test_exact_rates() -> None:
         "turns_per_episode": 3.0,  # 6 turns / 2 episodes
         "calls_per_episode": 1.5,  # 3 world-answered calls / 2 episodes
         "real_calls": 1.0,
+        "real_calls_per_episode": 0.5,  # 1 real call / 2 episodes
         "turn_limit_rate": 0.5,
         "call_limit_rate": 0.5,
         "context_limit_rate": 0.0,
