@@ -119,17 +119,6 @@ def _decode_line(line: str, where: str) -> Any:
         raise TaskFormatError(f"{where}: invalid JSON: {exc.msg} (column {exc.colno})") from exc
 
 
-def write_tasks(tasks: list[Task], path: str | Path) -> None:
-    """Write tasks as JSONL (one ``task_to_record`` per line, UTF-8).
-
-    Args:
-        tasks: the tasks.
-        path: the output file.
-    """
-    lines = [json.dumps(task_to_record(task), ensure_ascii=False) for task in tasks]
-    Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
-
-
 # ---------------------------------------------------------------------------------------------------------------------
 # Records
 # ---------------------------------------------------------------------------------------------------------------------
