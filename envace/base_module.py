@@ -1,19 +1,50 @@
-"""What envace's LightningModules share: the DataModule's sampler connection and one optimiser over the policy."""
+"""What envace's LightningModules share: the DataModule's sampler connection, one optimiser, the HF export."""
 
 from __future__ import annotations
 
+import copy
+from typing import Any
+
 import lightning as L
 import torch
-from lightning.pytorch.cli import OptimizerCallable
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from lightning.pytorch.utilities import rank_zero_info
+from peft import PeftModel
+from torch import Tensor
 
 from envace.data.datamodule import RolloutDataModule
 
 
 class PolicyModule(L.LightningModule):
-    """Base class: subclasses build ``self.model`` in ``configure_model`` and set ``self.optimizer_factory``."""
+    """Base class: subclasses build ``self.model`` in ``configure_model`` and set ``self.optimizer_factory``.
+
+    Subclasses call ``configure_export`` from their constructor: at the end of ``fit`` the policy is saved in Hugging
+    Face format (the last weights, or those of the best validation), loadable with ``HFPolicy(name_or_path=...)``.
+    """
 
     model: torch.nn.Module | None
+    tokenizer: Any
     optimizer_factory: OptimizerCallable
+    scheduler_factory: LRSchedulerCallable | None = None
+    export_dir: str | None = None
+    export_best: str | None = None
+    best: tuple[float, dict[str, Tensor]] | None = None
+
+    def configure_export(self, export_dir: str | None, export_best: str | None) -> None:
+        """Where to export the policy at the end of ``fit``, and which weights.
+
+        Args:
+            export_dir: directory for the model and tokenizer in Hugging Face format; None exports nothing.
+            export_best: a logged metric to maximise (e.g. ``"val/success_act"``): keep a host copy of the weights at
+                its best validation and export those instead of the last ones. Meant for small models (one extra
+                copy in host memory); needs ``export_dir``.
+
+        Raises:
+            ValueError: ``export_best`` without ``export_dir``.
+        """
+        if export_best is not None and export_dir is None:
+            raise ValueError("export_best needs export_dir (where to export the best weights)")
+        self.export_dir, self.export_best, self.best = export_dir, export_best, None
 
     def setup(self, stage: str) -> None:
         """Hand the DataModule this module as its sampler (``sample_rollouts``)."""
@@ -21,10 +52,56 @@ class PolicyModule(L.LightningModule):
         if isinstance(datamodule, RolloutDataModule):
             datamodule.connect(self)
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        """One optimiser over every trainable parameter (with a shared policy, both roles' heads share it)."""
+    def configure_optimizers(self) -> Any:
+        """One optimiser over every trainable parameter (with a shared policy, both roles' heads share it).
+
+        With a ``scheduler_factory`` the schedule is stepped once per optimiser step.
+        """
         assert self.model is not None
         params = [p for p in self.model.parameters() if p.requires_grad]
         if not params:
             raise ValueError("the policy has no trainable parameters")
-        return self.optimizer_factory(params)
+        optimizer = self.optimizer_factory(params)
+        if self.scheduler_factory is None:
+            return optimizer
+        scheduler = self.scheduler_factory(optimizer)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def on_fit_start(self) -> None:
+        """Refuse, before any training, an export this strategy cannot do."""
+        if self.export_dir is not None and self._device_mesh is not None:
+            raise ValueError(
+                "export_dir is not supported with ModelParallelStrategy (FSDP2): the weights are sharded; "
+                "use a ModelCheckpoint callback and export from the checkpoint"
+            )
+
+    def on_validation_end(self) -> None:
+        """With ``export_best``: keep a host copy of the weights when the monitored metric improves."""
+        if self.export_best is None or self.trainer.sanity_checking or self.trainer.state.fn != "fit":
+            return
+        value = self.trainer.callback_metrics.get(self.export_best)
+        if value is None:
+            logged = sorted(self.trainer.callback_metrics)
+            raise KeyError(f"export_best={self.export_best!r} is not a logged metric; logged: {logged}")
+        if self.best is None or float(value) > self.best[0]:
+            assert self.model is not None
+            weights = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+            self.best = (float(value), weights)
+            rank_zero_info(f"{self.export_best} = {float(value):.4f} at step {self.global_step}: best so far, kept")
+
+    def on_train_end(self) -> None:
+        """Export the policy in Hugging Face format (global rank 0 only)."""
+        if self.export_dir is None or not self.trainer.is_global_zero:
+            return
+        assert self.model is not None
+        # The best weights or a merged LoRA model are exported from a copy: the trained module stays as it is.
+        model = self.model
+        if self.best is not None or isinstance(model, PeftModel):
+            model = copy.deepcopy(model)
+        if self.best is not None:
+            model.load_state_dict(self.best[1])
+        if isinstance(model, PeftModel):
+            model = model.merge_and_unload()
+        model.save_pretrained(self.export_dir)
+        self.tokenizer.save_pretrained(self.export_dir)
+        rank_zero_info(f"exported the policy to {self.export_dir}")

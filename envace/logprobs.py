@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor, nn
 
@@ -13,33 +15,70 @@ def token_logps(
     temperatures: Tensor | None = None,
     *,
     with_entropy: bool = False,
+    positions: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs of each token given its prefix, under the sampling temperature of its row.
 
     Args:
-        model: a causal LM returning ``.logits``.
+        model: a causal LM returning ``.logits``; with ``positions`` it must accept a boolean 2-D
+            ``logits_to_keep`` (every transformers causal LM does).
         input_ids: right-padded rows.  # [N, T]
         attention_mask: 1 on real tokens.  # [N, T]
         temperatures: per-row sampling temperature; logits are divided by it so that the log-probs are those of
             the distribution the tokens were sampled from (0 = greedy is treated as 1).  # [N]
         with_entropy: also return the per-token entropy of that distribution (no gradient).
+        positions: the tokens whose log-probs are needed (e.g. the loss mask); the vocabulary projection is then
+            computed for those positions only, which is most of a small model's cost and most of a large
+            vocabulary's memory. Other positions get 0. None computes every position.  # [N, T]
 
     Returns:
-        ``logps`` with 0 at position 0 and at padding, and the entropy (or None).  # [N, T], [N, T]
+        ``logps`` with 0 at position 0, at padding and outside ``positions``, and the entropy (or None).
+        # [N, T], [N, T]
     """
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()  # [N, T-1, V]
+    if positions is None:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()  # [N, T-1, V]
+        valid = attention_mask[:, 1:].bool()  # [N, T-1]
+        return _scores(logits, input_ids[:, 1:], valid, temperatures, with_entropy, _shift_right)
+    keep = nn.functional.pad(positions[:, 1:].bool() & attention_mask[:, 1:].bool(), (0, 1))  # [N, T]: predicts t+1
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep).logits.float()  # [K, V]
+    targets = input_ids[:, 1:][keep[:, :-1]]  # [K]
+    rows = torch.nonzero(keep[:, :-1], as_tuple=True)[0]  # [K]
+
+    target_mask = _shift_right(keep[:, :-1])  # [N, T]: the positions whose tokens were scored
+
+    def scatter(flat: Tensor) -> Tensor:  # [K] -> [N, T]
+        return torch.zeros(input_ids.shape, dtype=flat.dtype, device=flat.device).masked_scatter(target_mask, flat)
+
+    row_temps = temperatures[rows] if temperatures is not None else None
+    return _scores(logits, targets, None, row_temps, with_entropy, scatter)
+
+
+def _shift_right(x: Tensor) -> Tensor:
+    """[N, T-1] -> [N, T]: a value about token t+1 moves to column t+1 (column 0 is 0/False)."""
+    return nn.functional.pad(x, (1, 0))
+
+
+def _scores(logits: Tensor, targets: Tensor, valid: Tensor | None, temperatures: Tensor | None, with_entropy: bool,
+            place: Callable[[Tensor], Tensor]) -> tuple[Tensor, Tensor | None]:
+    """Log-prob of ``targets`` (and entropy) from ``logits`` [..., V], laid out as [N, T] by ``place``.
+
+    ``temperatures`` has one entry per leading index of ``logits`` (a row, or a kept position).
+    """
     if temperatures is not None:
         t = torch.where(temperatures > 0, temperatures, torch.ones_like(temperatures)).to(logits)
-        logits = logits / t[:, None, None]
-    targets = input_ids[:, 1:]  # [N, T-1]
-    lse = torch.logsumexp(logits, dim=-1)  # [N, T-1]
-    picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [N, T-1]
-    valid = attention_mask[:, 1:].to(logits.dtype)
-    logps = nn.functional.pad((picked - lse) * valid, (1, 0))  # [N, T]
+        logits = logits / t.reshape(t.shape + (1,) * (logits.dim() - t.dim()))
+    lse = torch.logsumexp(logits, dim=-1)
+    picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    scores = picked - lse
+    if valid is not None:
+        scores = scores * valid.to(scores.dtype)
+    logps = place(scores)
     entropy = None
     if with_entropy:
         with torch.no_grad():
-            probs = torch.softmax(logits, dim=-1)  # [N, T-1, V]
-            ent = lse - (probs * logits).sum(-1)  # [N, T-1]
-            entropy = nn.functional.pad(ent * valid, (1, 0))
+            probs = torch.softmax(logits, dim=-1)
+            ent = lse - (probs * logits).sum(-1)
+            if valid is not None:
+                ent = ent * valid.to(ent.dtype)
+            entropy = place(ent)
     return logps, entropy

@@ -12,32 +12,31 @@ import copy
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import replace
 from typing import Any
 
 import torch
-from lightning.pytorch.cli import OptimizerCallable
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from lightning.pytorch.utilities import rank_zero_info
 from peft import PeftModel
 from torch import Tensor
-from torchmetrics import MeanMetric, MetricCollection
 
 from envace.advantages import group_advantages, role_group_ids
 from envace.alignment import AlignmentRows
 from envace.base_module import PolicyModule
 from envace.distributed import fully_shard_layers, peer_max
-from envace.fidelity import RehearsalFidelity, reference_probes, rehearse_probes
+from envace.evaluation import PolicyEvaluator, policy_engine
+from envace.fidelity import reference_probes, rehearse_probes
 from envace.logprobs import token_logps
 from envace.losses.aggregation import TokenAggregator, TokenMean, role_weights
 from envace.losses.objective import LossWeights, envace_objective
 from envace.losses.policy import ClippedPolicyLoss
-from envace.metrics import ROLLOUT_METRICS, rollout_metrics
+from envace.metrics import rollout_metrics
 from envace.policy.chat import check_chat_template
 from envace.policy.hf import Policy, adapter_context
 from envace.rewards.base import Reward
 from envace.rewards.shaping import PredictionErrorShaping
 from envace.rewards.task_success import TaskSuccess
 from envace.rollout.collate import RolloutBatch, collate, role_rows
-from envace.rollout.engine import HFEngine, SamplingParams
 from envace.rollout.runner import EpisodeRunner, RolloutConfig
 from envace.scoring import score_episodes
 from envace.types import Episode, Role, Task
@@ -63,12 +62,22 @@ class EnvACEModule(PolicyModule):
         aggregation: how token losses are averaged within a head (``TokenMean``, ``SeqMeanTokenMean``,
             ``ConstantNorm``). Default: ``TokenMean()``.
         optimizer: optimiser over the trainable parameters.
+        lr_scheduler: learning-rate schedule, stepped after every optimiser step (e.g. a linear warm-up); None keeps
+            the rate constant.
         role_adapters: names of the act and rehearse LoRA adapters for the "noshare" variant (the policy must be
             built with ``adapters`` holding both); None shares all weights between the roles (EnvACE's setting).
         log_entropy: log per-role token entropy (one extra softmax over the vocabulary per micro-batch).
         eval_fidelity: in ``validate``/``test``, also rehearse every reference call of the evaluation tasks
             (teacher-forced: the real history before it) and log how faithful the responses are to the recorded
             real ones (exact match, leaf F1, key match, parse rate, error agreement).
+        eval_imagined: in ``validate``/``test``, also run every task with the policy rehearsing the tool responses
+            and log ``imagined_success`` next to the ``eval_world`` success.
+        export_dir: at the end of ``fit``, save the policy here in Hugging Face format (single device or DDP).
+        export_best: export the weights of the best validation of this logged metric instead of the last ones.
+        fidelity_gate: refuse to start training when the policy's rehearsal fidelity (exact match of the rehearsed
+            responses to the recorded real ones, teacher-forced on the validation tasks' reference calls, or the
+            training tasks' without validation tasks) is below this: a world model that inaccurate is easier to game
+            than to learn from. None skips the check.
     """
 
     def __init__(
@@ -83,12 +92,22 @@ class EnvACEModule(PolicyModule):
         policy_loss: ClippedPolicyLoss | None = None,
         aggregation: TokenAggregator | None = None,
         optimizer: OptimizerCallable = torch.optim.AdamW,
+        lr_scheduler: LRSchedulerCallable | None = None,
         role_adapters: tuple[str, str] | None = None,
         log_entropy: bool = True,
         eval_fidelity: bool = True,
+        eval_imagined: bool = True,
+        export_dir: str | None = None,
+        export_best: str | None = None,
+        fidelity_gate: float | None = None,
     ) -> None:
         super().__init__()
+        if fidelity_gate is not None and not 0.0 <= fidelity_gate <= 1.0:
+            raise ValueError(f"fidelity_gate must be in [0, 1] or None, got {fidelity_gate}")
+        self.fidelity_gate = fidelity_gate
         self.save_hyperparameters()
+        self.configure_export(export_dir, export_best)
+        self.real_calls_total = 0  # real tool calls spent by training rollouts, over the whole run (resumes included)
         self.automatic_optimization = False
         self.policy = policy
         self.world = world if world is not None else RehearseWorld()
@@ -100,6 +119,7 @@ class EnvACEModule(PolicyModule):
         self.policy_loss = policy_loss or ClippedPolicyLoss()
         self.aggregation = aggregation or TokenMean()
         self.optimizer_factory = optimizer
+        self.scheduler_factory = lr_scheduler
         self.role_adapters = role_adapters
         self.log_entropy = log_entropy
         self.eval_fidelity = eval_fidelity
@@ -108,11 +128,9 @@ class EnvACEModule(PolicyModule):
         self.tokenizer: Any = None
         self.last_episodes: list[Episode] = []
         self._bound = False
-        # Evaluation means over every episode of every rank (torchmetrics syncs the sums), weighted by episodes.
-        self.eval_metrics = torch.nn.ModuleDict(
-            {split: MetricCollection({k: MeanMetric() for k in ROLLOUT_METRICS}) for split in ("val", "test")}
-        )
-        self.fidelity = torch.nn.ModuleDict({split: RehearsalFidelity() for split in ("val", "test")})
+        self.prompter = alignment_prompter(self.world)  # the policy's own rehearse prompts (alignment, evaluation)
+        self.evaluator = PolicyEvaluator(self.eval_world, self.prompter, self.rewards, rollout, eval_fidelity,
+                                         eval_imagined)
 
     # -- setup ------------------------------------------------------------------------------------------------------
 
@@ -137,23 +155,12 @@ class EnvACEModule(PolicyModule):
         for world in {id(self.world): self.world, id(self.eval_world): self.eval_world}.values():
             world.bind(self.tokenizer, self.model)
         self.runner = EpisodeRunner(self.tokenizer, self.rollout)
-        prompter = alignment_prompter(self.world)
-        prompter.bind(self.tokenizer, self.model)
-        self.alignment = AlignmentRows(self.tokenizer, prompter, self.grpo.align_max_per_task)
-        self.act_engine = self._engine(self.role_adapters[0] if self.role_adapters else None)
-        self.rehearse_engine = self._engine(self.role_adapters[1] if self.role_adapters else None)
+        self.prompter.bind(self.tokenizer, self.model)
+        self.alignment = AlignmentRows(self.tokenizer, self.prompter, self.grpo.align_max_per_task)
+        act, rehearse = self.role_adapters or (None, None)
+        self.act_engine = policy_engine(self, self.model, self.tokenizer, self.rollout, act)
+        self.rehearse_engine = policy_engine(self, self.model, self.tokenizer, self.rollout, rehearse)
         self._bound = True
-
-    def _engine(self, adapter: str | None) -> HFEngine:
-        tok = self.tokenizer
-        return HFEngine(
-            self.model,
-            pad_id=tok.pad_token_id,
-            stop_ids=[tok.eos_token_id],
-            max_batch_size=self.rollout.generate_batch_size,
-            synced_gpus=self.trainer.world_size > 1 if self._trainer is not None else False,
-            adapter_context=(lambda: adapter_context(self.model, adapter)) if adapter else None,
-        )
 
     # -- rollouts ---------------------------------------------------------------------------------------------------
 
@@ -227,10 +234,50 @@ class EnvACEModule(PolicyModule):
         metrics.update(batch.metrics)
         metrics["update_time_s"] = time.perf_counter() - start
         metrics["rows"] = float(len(batch))
+        self.real_calls_total += self._sum_over_ranks(sum(e.stats.real_calls for e in batch.episodes))
+        metrics["real_calls_total"] = float(self.real_calls_total)
         self.last_episodes = batch.episodes
         # Averaged over ranks (counts such as real_calls are per-rank means); every rank logs the same keys.
         self.log_dict({f"train/{k}": float(v) for k, v in metrics.items()}, batch_size=len(batch.episodes),
                       sync_dist=self.trainer.world_size > 1)
+
+    def _sum_over_ranks(self, count: int) -> int:
+        if self.trainer.world_size == 1:
+            return count
+        total = self.trainer.strategy.reduce(torch.tensor(float(count), device=self.device), reduce_op="sum")
+        return int(total.item())
+
+    def on_fit_start(self) -> None:
+        """Check the fidelity gate before the first rollout."""
+        super().on_fit_start()
+        if self.fidelity_gate is None:
+            return
+        datamodule = self.trainer.datamodule
+        tasks = getattr(datamodule, "tasks", {}).get("val") or getattr(datamodule, "tasks", {}).get("train") or []
+        self._bind_worlds()
+        probes = reference_probes(tasks)
+        if not probes:
+            raise ValueError("fidelity_gate is set but no validation or training task has a reference call to probe")
+        with torch.no_grad():
+            scores = rehearse_probes(probes, self.prompter, self.rehearse_engine, self.rollout.rehearse_max_new_tokens)
+        exact = sum(score.exact_match for score in scores) / len(scores)
+        exact = float(self.trainer.strategy.reduce(torch.tensor(exact, device=self.device), reduce_op="mean"))
+        rank_zero_info(f"fidelity gate: rehearsal exact match {exact:.3f} on {len(scores)} reference calls "
+                       f"(gate {self.fidelity_gate})")
+        if exact < self.fidelity_gate:
+            raise ValueError(
+                f"fidelity gate: the policy rehearses {exact:.3f} of the reference calls exactly, below "
+                f"fidelity_gate={self.fidelity_gate}; train the warm start longer (or on more world-model data) "
+                "before rehearsal RL, or lower the gate"
+            )
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Keep the run's real-call count across resumes."""
+        checkpoint["envace_real_calls_total"] = self.real_calls_total
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Restore the run's real-call count."""
+        self.real_calls_total = int(checkpoint.get("envace_real_calls_total", 0))
 
     def _budget_spent(self) -> bool:
         """``trainer.max_steps`` counts optimiser steps; stop mid-rollout rather than overshoot it."""
@@ -256,7 +303,8 @@ class EnvACEModule(PolicyModule):
         for idx in micro_batches:
             micro = batch.rows(idx)
             with context(), self._role_adapter(micro):
-                logps, _ = token_logps(model, micro.input_ids, micro.attention_mask, micro.temperatures)
+                logps, _ = token_logps(model, micro.input_ids, micro.attention_mask, micro.temperatures,
+                                        positions=micro.loss_mask)
             out[idx, : logps.shape[1]] = logps
         for _ in range(self._peer_max(len(micro_batches)) - len(micro_batches)):
             with context():
@@ -317,12 +365,16 @@ class EnvACEModule(PolicyModule):
         if self.grpo.grad_clip > 0:
             self.clip_gradients(optimizer, gradient_clip_val=self.grpo.grad_clip, gradient_clip_algorithm="norm")
         optimizer.step()
+        scheduler = self.lr_schedulers()
+        if scheduler is not None:
+            scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         return sum_heads(stats)
 
     def _micro_loss(self, micro: RolloutBatch, w: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         logps, entropy = token_logps(
-            self.model, micro.input_ids, micro.attention_mask, micro.temperatures, with_entropy=self.log_entropy
+            self.model, micro.input_ids, micro.attention_mask, micro.temperatures, with_entropy=self.log_entropy,
+            positions=micro.loss_mask,
         )
         old = micro.old_logps if micro.old_logps is not None else logps.detach()
         g = self.grpo
@@ -350,7 +402,7 @@ class EnvACEModule(PolicyModule):
     # -- evaluation -------------------------------------------------------------------------------------------------
 
     def validation_step(self, tasks: list[Task], batch_idx: int) -> None:
-        """Greedy episodes in ``eval_world``; logs success, reward and counters under ``val/``."""
+        """Greedy episodes in ``eval_world`` (and in the rehearsed world); logs success, counters and fidelity."""
         self._evaluate(tasks, "val")
 
     def test_step(self, tasks: list[Task], batch_idx: int) -> None:
@@ -359,49 +411,13 @@ class EnvACEModule(PolicyModule):
 
     def _evaluate(self, tasks: list[Task], prefix: str) -> None:
         self._bind_worlds()
-        greedy = EpisodeRunner(self.tokenizer, replace(self.rollout, act_temperature=0.0, rehearse_temperature=0.0))
-        distributed = self.trainer.world_size > 1
-        with torch.no_grad():
-            episodes = greedy.run(
-                tasks, list(range(len(tasks))), self.act_engine, self.eval_world, self.rehearse_engine,
-                any_active=self._any_active if distributed else None,
-            )
-        score_episodes(episodes, self.rewards)
-        self.last_episodes = episodes
-        means = self.eval_metrics[prefix]
-        for key, value in rollout_metrics(episodes).items():
-            means[key].update(torch.tensor(value), weight=len(episodes))  # weight 0 on an empty batch
-            self.log(f"{prefix}/{key}", means[key], on_step=False, on_epoch=True)
-        if self.eval_fidelity:
-            self._evaluate_fidelity(tasks, prefix)
-
-    def _evaluate_fidelity(self, tasks: list[Task], prefix: str) -> None:
-        """Teacher-forced rehearsal fidelity of ``tasks``' reference calls.
-
-        The policy rehearses every reference call with the real history before it, and each response is compared
-        with the recorded real one.
-        """
-        probes = reference_probes(tasks)
-        if probes:
-            with torch.no_grad():
-                scores = rehearse_probes(probes, self.alignment.prompter, self.rehearse_engine,
-                                         self.rollout.rehearse_max_new_tokens)
-            self.fidelity[prefix].update(scores)
-        elif self.trainer.world_size > 1:
-            self.rehearse_engine.generate([[self.tokenizer.pad_token_id]], SamplingParams(max_new_tokens=1))
+        self.evaluator.evaluate(self, tasks, prefix, self.act_engine, self.rehearse_engine, self.tokenizer)
+        self.last_episodes = self.evaluator.last_episodes
 
     def on_validation_epoch_end(self) -> None:
         """Log the epoch's rehearsal fidelity."""
-        self._log_fidelity("val")
+        self.evaluator.log_epoch(self, "val")
 
     def on_test_epoch_end(self) -> None:
         """Log the epoch's rehearsal fidelity."""
-        self._log_fidelity("test")
-
-    def _log_fidelity(self, prefix: str) -> None:
-        if not self.eval_fidelity:
-            return
-        values = self.fidelity[prefix].compute()  # summed over ranks
-        self.fidelity[prefix].reset()
-        if values["probes"] > 0:
-            self.log_dict({f"{prefix}/fidelity_{k}": v.float() for k, v in values.items() if k != "probes"})
+        self.evaluator.log_epoch(self, "test")

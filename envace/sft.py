@@ -3,25 +3,33 @@
 Act rows are the chat-template render of each task's messages plus its reference continuation, trained on the
 assistant tokens (the template's ``{% generation %}`` mask). Rehearse rows are the alignment rows: the rehearse
 prompt of each recorded call followed by its recorded real response. Plain next-token cross-entropy.
+
+Validation always reports the teacher-forced cross-entropy; with an ``eval_world`` it also runs the policy greedily
+on the validation tasks (real success, rehearsal fidelity), so that Lightning's ``EarlyStopping`` can stop the warm
+start when its real success plateaus, and ``export_best`` exports the best weights rather than the last.
 """
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
-from lightning.pytorch.cli import OptimizerCallable
-from peft import PeftModel
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
 from envace.alignment import AlignmentRows
 from envace.base_module import PolicyModule
+from envace.evaluation import PolicyEvaluator, policy_engine
 from envace.logprobs import token_logps
+from envace.policy.chat import check_chat_template
 from envace.policy.hf import Policy
+from envace.rewards.base import Reward
+from envace.rewards.task_success import TaskSuccess
 from envace.rollout.collate import RolloutBatch, collate
+from envace.rollout.runner import RolloutConfig
 from envace.types import Role, Sample, Task
+from envace.worlds.base import World
 from envace.worlds.rehearse import RehearseWorld
 
 
@@ -60,8 +68,21 @@ class SFTModule(PolicyModule):
         rehearse_weight: weight of the rehearse-role cross-entropy.
         rehearse_max_per_task: most rehearse rows per task (the first recorded calls).
         optimizer: optimiser over the trainable parameters.
+        lr_scheduler: learning-rate schedule, stepped after every optimiser step (e.g. a linear warm-up); None keeps
+            the rate constant.
         export_dir: at the end of ``fit``, save the model and tokenizer here in Hugging Face format, ready for
             ``HFPolicy(name_or_path=export_dir)`` in the RL stage; None saves nothing.
+        rehearse_world: the rehearse prompt format of the rehearse rows (system prompt, tools shown); use the RL
+            stage's world settings. Default: ``RehearseWorld()``.
+        eval_world: in ``validate``/``test`` and during ``fit``'s validation, also run the policy greedily in this
+            world (``RealWorld`` for real success) and log the rollout metrics and the rehearsal fidelity next to the
+            teacher-forced loss; None logs the loss only.
+        rollout: budgets of those evaluation episodes (sampling is greedy).
+        rewards: scores them. Default: ``[TaskSuccess()]``.
+        eval_imagined: also log ``imagined_success`` (the policy rehearsing the tool responses).
+        export_best: a logged metric to maximise (e.g. ``"val/success_act"``): keep a host copy of the weights at
+            its best validation and export those instead of the last ones. Meant for small models (one extra copy in
+            host memory); needs ``export_dir``.
     """
 
     def __init__(
@@ -71,28 +92,45 @@ class SFTModule(PolicyModule):
         rehearse_weight: float = 1.0,
         rehearse_max_per_task: int = 16,
         optimizer: OptimizerCallable = torch.optim.AdamW,
+        lr_scheduler: LRSchedulerCallable | None = None,
         export_dir: str | None = None,
+        rehearse_world: RehearseWorld | None = None,
+        eval_world: World | None = None,
+        rollout: RolloutConfig = RolloutConfig(),  # noqa: B008 (frozen use: never mutated)
+        rewards: list[Reward] | None = None,
+        eval_imagined: bool = False,
+        export_best: str | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
+        self.configure_export(export_dir, export_best)
         self.policy = policy
         self.act_weight, self.rehearse_weight = act_weight, rehearse_weight
         self.rehearse_max_per_task = rehearse_max_per_task
         self.optimizer_factory = optimizer
-        self.export_dir = export_dir
+        self.scheduler_factory = lr_scheduler
+        self.prompter = rehearse_world if rehearse_world is not None else RehearseWorld()
+        self.eval_world = eval_world
+        self.rollout = rollout
+        self.evaluator = (
+            PolicyEvaluator(eval_world, self.prompter, rewards or [TaskSuccess()], rollout, imagined=eval_imagined)
+            if eval_world is not None
+            else None
+        )
         self.model: nn.Module | None = None
         self.tokenizer: Any = None
         self.alignment: AlignmentRows | None = None
+        self._engine: Any = None
 
     def configure_model(self) -> None:
         """Build the policy (idempotent)."""
         if self.model is not None:
             return
         self.model, self.tokenizer = self.policy.build()
+        check_chat_template(self.tokenizer)
         self.model.train()
-        prompter = RehearseWorld()
-        prompter.bind(self.tokenizer, self.model)
-        self.alignment = AlignmentRows(self.tokenizer, prompter, self.rehearse_max_per_task)
+        self.prompter.bind(self.tokenizer, self.model)
+        self.alignment = AlignmentRows(self.tokenizer, self.prompter, self.rehearse_max_per_task)
 
     def sample_rollouts(self, tasks: list[Task]) -> RolloutBatch:
         """The supervised rows of ``tasks`` (they do not depend on the weights)."""
@@ -113,29 +151,45 @@ class SFTModule(PolicyModule):
         return loss
 
     def validation_step(self, tasks: list[Task], batch_idx: int) -> None:
-        """Teacher-forced cross-entropy on the validation tasks' references."""
-        if not any(t.reference for t in tasks):
-            return
-        batch = self.sample_rollouts(tasks).to(self.device)
-        _, stats = self._loss(batch)
-        self.log_dict({f"val/{k}": v for k, v in stats.items()}, batch_size=len(batch), sync_dist=True)
+        """Teacher-forced cross-entropy on the references; with ``eval_world``, greedy episodes and fidelity too."""
+        self._evaluate(tasks, "val")
+
+    def test_step(self, tasks: list[Task], batch_idx: int) -> None:
+        """As ``validation_step``, logged under ``test/``."""
+        self._evaluate(tasks, "test")
+
+    def _evaluate(self, tasks: list[Task], prefix: str) -> None:
+        if any(t.reference for t in tasks):
+            batch = self.sample_rollouts(tasks).to(self.device)
+            with torch.no_grad():
+                _, stats = self._loss(batch)
+            self.log_dict({f"{prefix}/{k}": v for k, v in stats.items()}, batch_size=len(batch), sync_dist=True)
+        if self.evaluator is not None:
+            assert self.eval_world is not None
+            if self._engine is None:
+                self.eval_world.bind(self.tokenizer, self.model)
+                self._engine = policy_engine(self, self.model, self.tokenizer, self.rollout)
+            was_training = self.model.training
+            self.model.eval()
+            self.evaluator.evaluate(self, tasks, prefix, self._engine, self._engine, self.tokenizer)
+            self.model.train(was_training)
+
+    def on_validation_epoch_end(self) -> None:
+        """Log the epoch's fidelity."""
+        if self.evaluator is not None:
+            self.evaluator.log_epoch(self, "val")
+
+    def on_test_epoch_end(self) -> None:
+        """Log the epoch's fidelity."""
+        if self.evaluator is not None:
+            self.evaluator.log_epoch(self, "test")
 
     def _loss(self, batch: RolloutBatch) -> tuple[Tensor, dict[str, Tensor]]:
         assert self.model is not None
-        logps, _ = token_logps(self.model, batch.input_ids, batch.attention_mask)  # [N, T]
+        logps, _ = token_logps(self.model, batch.input_ids, batch.attention_mask, positions=batch.loss_mask)
         nll = -logps * batch.loss_mask  # [N, T]
         act = (batch.row_role == int(Role.ACT)).float()[:, None]  # [N, 1]
         heads = {"act": (nll * act).sum() / (batch.loss_mask * act).sum().clamp(min=1.0)}
         heads["rehearse"] = (nll * (1 - act)).sum() / (batch.loss_mask * (1 - act)).sum().clamp(min=1.0)
         loss = self.act_weight * heads["act"] + self.rehearse_weight * heads["rehearse"]
         return loss, {"sft_loss": loss.detach(), **{f"sft_loss_{k}": v.detach() for k, v in heads.items()}}
-
-    def on_train_end(self) -> None:
-        """Export the warm start in Hugging Face format (global rank 0 only)."""
-        if self.export_dir is None or not self.trainer.is_global_zero:
-            return
-        assert self.model is not None
-        # LoRA: export a merged copy, leaving the trained module as it is.
-        model = copy.deepcopy(self.model).merge_and_unload() if isinstance(self.model, PeftModel) else self.model
-        model.save_pretrained(self.export_dir)
-        self.tokenizer.save_pretrained(self.export_dir)

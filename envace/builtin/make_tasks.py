@@ -1,9 +1,9 @@
 """Procedural generator of the built-in bank tasks and their packaged splits (``builtin:bank`` and friends).
 
 This module owns turning templates (``envace.builtin.templates``) into tasks: it draws a hidden world (3 to 5 accounts
-with balances 5..200 and a fee of 0, 1 or 2), draws the template's parameters, runs the call plan on the real ``Bank``
-through ``RealEnvironment`` (the reference trajectory's responses are real), and writes the success specification:
-every call of the plan with all its arguments, in order, no extra call, and the exact answer.
+with balances 10..200 in steps of 10 and a fee of 0 or 5), draws the template's parameters, runs the call plan on the
+real ``Bank`` through ``RealEnvironment`` (the reference trajectory's responses are real), and writes the success
+specification: every call of the plan with all its arguments, in order, no extra call, and the exact answer.
 
 Determinism: task ``i`` of ``generate_tasks(n, seed)`` is drawn from its own random source seeded with
 ``seed * MAX_TASKS + i``, so a larger ``n`` only appends tasks and two seeds never share a task seed. The splits
@@ -34,9 +34,11 @@ from envace.builtin.templates import (
     ACCOUNTS,
     HELD_OUT_TEMPLATES,
     OK,
+    STEP,
     TEMPLATES,
     TRAIN_TEMPLATES,
     Plan,
+    Redraw,
     Template,
     World,
     answer_from_responses,
@@ -50,6 +52,7 @@ logger = logging.getLogger(__name__)
 BANK_CLASS_PATH = "envace.builtin.bank.Bank"
 PACKAGE_DIR = Path(__file__).parent
 MAX_TASKS = 100_000  # most tasks per call; also the stride between the task seeds of two seeds
+FEES = (0, 0, 0, 5)  # a world's fee is drawn from these (0 in three worlds of four)
 BUCKETS = 3  # train, val and test each own one hash bucket of the task space
 MAX_DRAWS = 1_000  # draws per task before giving up (a bucket is hit with probability 1/3 per draw)
 SYSTEM_PROMPT = (
@@ -84,7 +87,7 @@ class Split:
 
 SPLITS: dict[str, Split] = {
     "train": Split("train", 1, 160, TRAIN_TEMPLATES, 0, TASK_SETS["bank"]),
-    "val": Split("val", 2, 64, TRAIN_TEMPLATES, 1, TASK_SETS["bank-val"]),
+    "val": Split("val", 2, 128, TRAIN_TEMPLATES, 1, TASK_SETS["bank-val"]),
     "test": Split("test", 3, 256, TRAIN_TEMPLATES, 2, TASK_SETS["bank-test"]),
     "heldout": Split("heldout", 4, 128, HELD_OUT_TEMPLATES, None, TASK_SETS["bank-heldout"]),
 }
@@ -207,8 +210,11 @@ def _draw(rng: random.Random, template: Template, bucket: int | None, seen: set[
     """Draw a world and the template's parameters until the task is new and falls in ``bucket``."""
     for _ in range(MAX_DRAWS):
         names = rng.sample(ACCOUNTS, rng.randint(3, 5))
-        world = World({name: rng.randint(1, 40) * 5 for name in names}, rng.choice((0, 0, 1, 2)))
-        plan = template.draw(rng, world)
+        world = World({name: rng.randint(1, 20) * STEP for name in names}, rng.choice(FEES))
+        try:
+            plan = template.draw(rng, world)
+        except Redraw:
+            continue
         key = _key(template.name, world, plan.question)
         if key not in seen and (bucket is None or _bucket(key) == bucket):
             seen.add(key)

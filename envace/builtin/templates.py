@@ -192,6 +192,26 @@ def answer_from_responses(plan: Plan, contents: list[str]) -> str:
 # --- parameter draws -------------------------------------------------------------------------------------------------
 
 
+STEP = 10
+"""Balances and amounts are multiples of this, so the rehearse role's arithmetic is a small table of whole numbers."""
+
+
+class Redraw(Exception):
+    """The drawn world cannot host the template's request (e.g. no amount fits); draw another world."""
+
+
+def _multiple(rng: random.Random, low: int, high: int) -> int:
+    """A multiple of ``STEP`` in ``[low, high]``.
+
+    Raises:
+        Redraw: there is none.
+    """
+    first, last = -(-low // STEP), high // STEP
+    if first > last:
+        raise Redraw(f"no multiple of {STEP} in [{low}, {high}]")
+    return rng.randint(first, last) * STEP
+
+
 def _accounts(rng: random.Random, world: World, k: int) -> list[str]:
     """``k`` distinct accounts of the world."""
     return rng.sample(sorted(world.balances), k)
@@ -208,27 +228,27 @@ def _draw_balance(rng: random.Random, world: World) -> Plan:
 
 def _draw_deposit(rng: random.Random, world: World) -> Plan:
     (a,) = _accounts(rng, world, 1)
-    return _plan((deposit(a, rng.randint(1, 50)),), ())
+    return _plan((deposit(a, _multiple(rng, STEP, 50)),), ())
 
 
 def _draw_withdraw(rng: random.Random, world: World) -> Plan:
     (a,) = _accounts(rng, world, 1)
-    return _plan((withdraw(a, rng.randint(1, world.spendable(a))),), ())
+    return _plan((withdraw(a, _multiple(rng, STEP, world.spendable(a))),), ())
 
 
 def _draw_transfer_target(rng: random.Random, world: World) -> Plan:
     a, b = _accounts(rng, world, 2)
-    return _plan((transfer(a, b, rng.randint(1, world.spendable(a))),), (b,))
+    return _plan((transfer(a, b, _multiple(rng, STEP, world.spendable(a))),), (b,))
 
 
 def _draw_transfer_both(rng: random.Random, world: World) -> Plan:
     a, b = _accounts(rng, world, 2)
-    return _plan((transfer(a, b, rng.randint(1, world.spendable(a))),), (a, b))
+    return _plan((transfer(a, b, _multiple(rng, STEP, world.spendable(a))),), (a, b))
 
 
 def _draw_insufficient_funds(rng: random.Random, world: World) -> Plan:
     (a,) = _accounts(rng, world, 1)
-    amount = rng.randint(world.spendable(a) + 1, world.balances[a] + 50)  # amount + fee > balance
+    amount = _multiple(rng, world.spendable(a) + 1, world.balances[a] + 50)  # amount + fee > balance
     return _plan((withdraw(a, amount),), (), INSUFFICIENT_FUNDS)
 
 
@@ -238,17 +258,17 @@ def _draw_unknown_account(rng: random.Random, world: World) -> Plan:
 
 def _draw_deposit_transfer(rng: random.Random, world: World) -> Plan:
     a, b = _accounts(rng, world, 2)
-    added = rng.randint(1, 50)
-    amount = rng.randint(1, world.spendable(a) + added)
+    added = _multiple(rng, STEP, 50)
+    amount = _multiple(rng, STEP, world.spendable(a) + added)
     return _plan((deposit(a, added), transfer(a, b, amount)), (b,))
 
 
 def _chain(rng: random.Random, world: World, *, overdraw: bool) -> tuple[tuple[ToolCall, ...], list[str]]:
     """Two chained transfers A -> B -> C; the second overdraws B when ``overdraw``."""
     a, b, c = _accounts(rng, world, 3)
-    first = rng.randint(1, world.spendable(a))
+    first = _multiple(rng, STEP, world.spendable(a))
     spendable_b = world.spendable(b) + first  # B after receiving the first transfer, minus the fee
-    second = rng.randint(spendable_b + 1, spendable_b + 50) if overdraw else rng.randint(1, spendable_b)
+    second = _multiple(rng, spendable_b + 1, spendable_b + 50) if overdraw else _multiple(rng, STEP, spendable_b)
     return (transfer(a, b, first), transfer(b, c, second)), [a, b, c]
 
 

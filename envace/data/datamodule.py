@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import lightning as L
 from torch.utils.data import DataLoader, IterableDataset
 
-from envace.data.tasks import load_tasks, resolve_task_path
+from envace.data.tasks import load_task_set
 from envace.types import Task
 
 
@@ -120,7 +120,7 @@ class RolloutDataModule(L.LightningDataModule):
     """Streams rollouts of training tasks; serves validation and test tasks.
 
     Args:
-        train_tasks: task JSONL file (or ``builtin:bank``) to train on.
+        train_tasks: task JSONL file, or a built-in set (``builtin:bank``; ``builtin:bank:2000`` generates 2000).
         val_tasks: tasks for ``validate`` and validation during ``fit``; None disables validation.
         test_tasks: tasks for ``test``; default: ``val_tasks``.
         batch_size: tasks per training step on each process (each is rolled out ``group_size`` times).
@@ -170,7 +170,7 @@ class RolloutDataModule(L.LightningDataModule):
                     continue  # validation during fit is optional
                 raise ValueError(f"'{stage}' needs data.{split}_tasks")
             if split not in self.tasks:
-                tasks = load_tasks(resolve_task_path(path))
+                tasks = load_task_set(path)
                 self.tasks[split] = tasks[: self.max_train_tasks] if split == "train" else tasks
 
     def connect(self, sampler: RolloutSampler) -> None:

@@ -53,6 +53,28 @@ def _one_line(text: str) -> str:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+def load_task_set(spec: str) -> list[Task]:
+    """The tasks named by ``spec``: a JSONL path, a packaged built-in set ``builtin:NAME``, or ``builtin:NAME:N``.
+
+    ``builtin:NAME:N`` generates the first ``N`` tasks of that built-in split in memory (deterministic; a packaged
+    file holds the first tasks of its split), e.g. ``builtin:bank:2000``.
+
+    Raises:
+        TaskFormatError: an unknown built-in name, a bad ``N``, or any error of ``load_tasks``.
+    """
+    if spec.startswith(BUILTIN_PREFIX) and spec.count(":") == 2:
+        from envace.builtin import SPLIT_OF
+        from envace.builtin.make_tasks import MAX_TASKS, generate_split
+
+        name, _, count = spec[len(BUILTIN_PREFIX) :].partition(":")
+        if name not in SPLIT_OF:
+            raise TaskFormatError(f"unknown built-in task set '{spec}'; generated sets: {', '.join(sorted(SPLIT_OF))}")
+        if not count.isdigit() or not 1 <= int(count) <= MAX_TASKS:
+            raise TaskFormatError(f"'{spec}': the task count must be an integer in 1..{MAX_TASKS}, got '{count}'")
+        return generate_split(SPLIT_OF[name], int(count))
+    return load_tasks(resolve_task_path(spec))
+
+
 def resolve_task_path(path: str) -> Path:
     """Map ``builtin:NAME`` to its packaged file in ``envace/builtin/``; any other string is a path.
 

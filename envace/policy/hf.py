@@ -145,7 +145,7 @@ class HFPolicy:
 
 
 class TinyPolicy:
-    """The tiny random Qwen2 model and tokenizer built in code (no files): for tests and CPU smoke runs."""
+    """The tiny random model and tokenizer built in code (no files): for tests and the CPU demo."""
 
     def __init__(
         self,

@@ -31,7 +31,7 @@ def test_fsdp2_two_processes_on_cpu(tmp_path: Path) -> None:
     env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", HF_HUB_OFFLINE="1")
     done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "FSDPQwen2ForCausalLM" in done.stdout  # the policy really was sharded with fully_shard
+    assert "FSDPLlamaForCausalLM" in done.stdout  # the policy really was sharded with fully_shard
     assert "`Trainer.fit` stopped: `max_steps=4` reached." in done.stdout + done.stderr  # 2 rollouts x 2 steps
     (events,) = (tmp_path / "envace").rglob("events.out.tfevents.*")
     accumulator = EventAccumulator(str(events))

@@ -20,10 +20,10 @@ def bank() -> dict[str, Task]:
 
 
 # bank-0000: one reference call; bank-0002: two calls in two assistant turns
-TRANSFER = ToolCall("transfer", {"source": "A6", "target": "F7", "amount": 25})
-TRANSFER_REAL = '{"source": "A6", "balance": 30, "target": "F7", "amount": 25, "fee": 0}'
-D9 = ToolCall("get_balance", {"account": "F7"})
-D9_REAL = '{"account": "F7", "balance": 125}'
+TRANSFER = ToolCall("transfer", {"source": "B7", "target": "F6", "amount": 120})
+TRANSFER_REAL = '{"source": "B7", "balance": 45, "target": "F6", "amount": 120, "fee": 5}'
+D9 = ToolCall("get_balance", {"account": "F6"})
+D9_REAL = '{"account": "F6", "balance": 290}'
 
 
 @pytest.fixture

@@ -83,7 +83,7 @@ def test_builtin_names_resolve_to_the_split_files() -> None:
 
 
 def test_split_sizes_and_templates(splits: dict[str, list[Task]]) -> None:
-    assert {s: len(t) for s, t in splits.items()} == {"train": 160, "val": 64, "test": 256, "heldout": 128}
+    assert {s: len(t) for s, t in splits.items()} == {"train": 160, "val": 128, "test": 256, "heldout": 128}
     assert TRAIN_TEMPLATES == (
         "balance", "deposit", "transfer_target", "withdraw", "insufficient_funds", "transfer_both", "unknown_account",
     )  # fmt: skip
@@ -387,3 +387,33 @@ def test_oracle_solves_every_task_in_the_real_environment(split: str, splits, ti
         assert ep.final_answer == task.success.answer.equals
         assert ep.stats.real_calls == len(task.success.calls) and ep.stats.rehearse_calls == 0
         assert [m["content"] for m in ep.messages if m["role"] == "tool"] == [c for _, c in reference_calls(task)]
+
+
+def test_generated_builtin_sets_extend_the_packaged_files() -> None:
+    from envace.data.tasks import load_task_set
+
+    packaged = load_tasks(resolve_task_path("builtin:bank-val"))
+    generated = load_task_set(f"builtin:bank-val:{len(packaged) + 5}")
+    assert generated[: len(packaged)] == packaged and len(generated) == len(packaged) + 5
+    assert load_task_set("builtin:bank:3") == load_tasks(resolve_task_path("builtin:bank"))[:3]
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [("builtin:bank:0", "1..100000"), ("builtin:bank:x", "integer"), ("builtin:nope:5", "unknown built-in")],
+)
+def test_generated_builtin_set_errors_name_the_spec(spec: str, message: str) -> None:
+    from envace.data.tasks import load_task_set
+
+    with pytest.raises(TaskFormatError, match=message) as err:
+        load_task_set(spec)
+    assert spec in str(err.value)
+
+
+def test_amounts_and_balances_are_multiples_of_ten() -> None:
+    for task in generate_split("train", 120):
+        balances = task.environment.init_args["balances"]
+        assert all(b % 10 == 0 and 10 <= b <= 200 for b in balances.values())
+        assert task.environment.init_args["fee"] in (0, 5)
+        for call in task.success.calls:
+            assert call.arguments.get("amount", 10) % 10 == 0

@@ -133,3 +133,33 @@ def test_gradient_through_temperature() -> None:
     p = torch.tensor([1.0, 1.0, math.sqrt(2)]) / (2 + math.sqrt(2))
     torch.testing.assert_close(grad[0, 0], (torch.tensor([0.0, 1.0, 0.0]) - p) / 2)
     assert torch.count_nonzero(grad[0, 1:]) == 0
+
+
+def test_positions_path_equals_the_full_path_on_a_real_model(tiny_tokenizer) -> None:
+    from envace.policy.tiny import build_model
+
+    model = build_model(tiny_tokenizer, hidden=32, layers=1, seed=3)
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10], [11, 12, 13, 0, 0, 0]])
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0]])
+    positions = torch.tensor([[0, 0, 1, 1, 0, 1], [0, 1, 1, 1, 0, 0]])  # row 1's last 1 is padding: ignored
+    temps = torch.tensor([0.7, 1.3])
+    full, full_ent = token_logps(model, ids, mask, temps, with_entropy=True)
+    part, part_ent = token_logps(model, ids, mask, temps, with_entropy=True, positions=positions)
+    scored = positions.bool() & mask.bool()
+    scored[:, 0] = False  # the first token has no prefix
+    torch.testing.assert_close(part[scored], full[scored])
+    torch.testing.assert_close(part_ent[scored], full_ent[scored])
+    assert (part[~scored] == 0).all() and (part_ent[~scored] == 0).all()
+
+
+def test_positions_path_backpropagates_only_through_kept_positions(tiny_tokenizer) -> None:
+    from envace.policy.tiny import build_model
+
+    model = build_model(tiny_tokenizer, hidden=32, layers=1, seed=3)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    mask = torch.ones_like(ids)
+    logps, _ = token_logps(model, ids, mask, positions=torch.tensor([[0, 0, 0, 1]]))
+    logps.sum().backward()
+    full, _ = token_logps(model, ids, mask)
+    assert logps[0, 3].item() == pytest.approx(full[0, 3].item(), abs=1e-6)
+    assert model.lm_head.weight.grad is not None and model.lm_head.weight.grad.abs().sum() > 0

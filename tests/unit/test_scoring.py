@@ -94,18 +94,18 @@ def test_prediction_error_shaping() -> None:
 
 
 def test_shaping_matches_calls_canonically_across_a_multi_call_reference() -> None:
-    # bank-0002: transfer(E8 -> D9, 29) -> {"source": "E8", "balance": 86, ...}; get_balance(D9) -> balance 229
-    transfer = ToolCall("transfer", {"amount": 25.0, "target": "F7", "source": "A6"})  # 29.0 == 29, any key order
-    d9 = ToolCall("get_balance", {"account": "F7"})
+    # bank-0002: transfer(B7 -> F6, 120) -> {"source": "B7", "balance": 45, ...}; get_balance(F6) -> balance 290
+    transfer = ToolCall("transfer", {"amount": 120.0, "target": "F6", "source": "B7"})  # 120.0 == 120, any key order
+    d9 = ToolCall("get_balance", {"account": "F6"})
     # transfer content missing 2 of 5 leaves: pred 3 leaves, ref 5, common 3 -> F1 = 6/8 = 0.75
     # shaping = -0.5 * 0.25 = -0.125
-    partial = rehearsal(transfer, '{"source": "A6", "balance": 30, "target": "F7"}')
-    # get_balance with a different shape: pred {balance: 229} vs ref {account: D9, balance: 229}: F1 = 2/3
+    partial = rehearsal(transfer, '{"source": "B7", "balance": 45, "target": "F6"}')
+    # get_balance with a different shape: pred {balance: 290} vs ref {account: F6, balance: 290}: F1 = 2/3
     # shaping = -0.5 * (1/3) = -1/6
-    short = rehearsal(d9, '{"balance": 125}')
+    short = rehearsal(d9, '{"balance": 290}')
     ep = episode("bank-train-0002-transfer_target", [transfer, d9], "0", [partial, short])
     score_episodes([ep], [TaskSuccess()], PredictionErrorShaping(coef=0.5))
-    # the two ordered calls match, the answer "0" does not ("229"): 2 / 3
+    # the two ordered calls match, the answer "0" does not ("290"): 2 / 3
     assert ep.reward == pytest.approx(2 / 3) and not ep.success
     assert partial.reward == pytest.approx(2 / 3 - 0.125)
     assert short.reward == pytest.approx(2 / 3 - 1 / 6)

@@ -1,0 +1,125 @@
+"""Greedy evaluation of a policy on task lists, shared by every envace LightningModule.
+
+For each batch of evaluation tasks it runs greedy episodes in the evaluation world (``RealWorld`` to measure real
+success), optionally a second set in the policy's own rehearsed world (the "imagined" success, logged next to the
+real one: a rising imagined success with a flat real one is the signature of a gamed world model), and optionally
+the teacher-forced rehearsal fidelity of the tasks' reference calls. Means are torchmetrics metrics, so they are
+summed over ranks and logged once per epoch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import lightning as L
+import torch
+from torch import nn
+from torchmetrics import MeanMetric, MetricCollection
+
+from envace.fidelity import RehearsalFidelity, reference_probes, rehearse_probes
+from envace.metrics import ROLLOUT_METRICS, rollout_metrics
+from envace.policy.hf import adapter_context
+from envace.rewards.base import Reward
+from envace.rollout.engine import HFEngine, SamplingParams
+from envace.rollout.runner import EpisodeRunner, RolloutConfig
+from envace.scoring import score_episodes
+from envace.types import Episode, Task
+from envace.worlds.base import World
+from envace.worlds.rehearse import RehearseWorld
+
+SPLITS = ("val", "test")
+
+
+def policy_engine(module: L.LightningModule, model: nn.Module, tokenizer: Any, rollout: RolloutConfig,
+                  adapter: str | None = None) -> HFEngine:
+    """An engine that generates with ``model`` (through LoRA adapter ``adapter`` when given)."""
+    trainer = module._trainer
+    return HFEngine(
+        model,
+        pad_id=tokenizer.pad_token_id,
+        stop_ids=[tokenizer.eos_token_id],
+        max_batch_size=rollout.generate_batch_size,
+        synced_gpus=trainer.world_size > 1 if trainer is not None else False,
+        adapter_context=(lambda: adapter_context(model, adapter)) if adapter else None,
+    )
+
+
+def _any_active(module: L.LightningModule) -> Any:
+    """``active -> any rank active`` (ranks keep generating in lockstep until all are done)."""
+
+    def any_active(active: bool) -> bool:
+        return bool(module.trainer.strategy.reduce_boolean_decision(active, all=False))
+
+    return any_active
+
+
+class PolicyEvaluator(nn.Module):
+    """Real success, imagined success and rehearsal fidelity of a policy on evaluation tasks.
+
+    An ``nn.Module`` only so that its torchmetrics states move with the LightningModule and sync across ranks.
+
+    Args:
+        world: answers the act role's calls (``RealWorld`` for real success).
+        prompter: the policy's own rehearse world: renders fidelity probes and, with ``imagined``, answers the calls
+            of the imagined episodes.
+        rewards: scores the episodes.
+        rollout: budgets; sampling is made greedy here.
+        fidelity: measure the rehearsal fidelity of the reference calls.
+        imagined: also run every task in the policy's own rehearsed world and log ``imagined_success``.
+    """
+
+    def __init__(self, world: World, prompter: RehearseWorld, rewards: list[Reward], rollout: RolloutConfig,
+                 fidelity: bool = True, imagined: bool = True) -> None:
+        super().__init__()
+        self.world, self.prompter, self.rewards = world, prompter, rewards
+        self.rollout = replace(rollout, act_temperature=0.0, rehearse_temperature=0.0)
+        self.with_fidelity, self.with_imagined = fidelity, imagined
+        self.means = nn.ModuleDict(
+            {split: MetricCollection({k: MeanMetric() for k in ROLLOUT_METRICS}) for split in SPLITS}
+        )
+        self.imagined = nn.ModuleDict({split: MeanMetric() for split in SPLITS})
+        self.fidelity = nn.ModuleDict({split: RehearsalFidelity() for split in SPLITS})
+        self.last_episodes: list[Episode] = []
+
+    def evaluate(self, module: L.LightningModule, tasks: list[Task], prefix: str, act: HFEngine,
+                 rehearse: HFEngine, tokenizer: Any) -> None:
+        """Evaluate ``tasks`` and log the running means under ``prefix/`` (epoch-level)."""
+        runner = EpisodeRunner(tokenizer, self.rollout)
+        any_active = _any_active(module) if module.trainer.world_size > 1 else None
+        indices = list(range(len(tasks)))
+        with torch.no_grad():
+            episodes = runner.run(tasks, indices, act, self.world, rehearse, any_active=any_active)
+            score_episodes(episodes, self.rewards)
+            self.last_episodes = episodes
+            means = self.means[prefix]
+            for key, value in rollout_metrics(episodes).items():
+                means[key].update(torch.tensor(value), weight=len(episodes))  # weight 0 on an empty batch
+                module.log(f"{prefix}/{key}", means[key], on_step=False, on_epoch=True)
+            if self.with_imagined:
+                imagined = runner.run(tasks, indices, act, self.prompter, rehearse, any_active=any_active)
+                score_episodes(imagined, self.rewards)
+                success = sum(float(e.success) for e in imagined) / len(imagined) if imagined else 0.0
+                self.imagined[prefix].update(torch.tensor(success), weight=len(imagined))
+                module.log(f"{prefix}/imagined_success", self.imagined[prefix], on_step=False, on_epoch=True)
+            if self.with_fidelity:
+                self._fidelity(module, tasks, prefix, rehearse, tokenizer)
+
+    def _fidelity(self, module: L.LightningModule, tasks: list[Task], prefix: str, rehearse: HFEngine,
+                  tokenizer: Any) -> None:
+        """Teacher-forced fidelity: each reference call rehearsed with the real history before it."""
+        probes = reference_probes(tasks)
+        if probes:
+            scores = rehearse_probes(probes, self.prompter, rehearse, self.rollout.rehearse_max_new_tokens)
+            self.fidelity[prefix].update(scores)
+        elif module.trainer.world_size > 1:  # stay in lockstep with ranks that do generate
+            rehearse.generate([[tokenizer.pad_token_id]], SamplingParams(max_new_tokens=1))
+
+    def log_epoch(self, module: L.LightningModule, prefix: str) -> None:
+        """Log the epoch's fidelity means (call from ``on_{validation,test}_epoch_end``)."""
+        if not self.with_fidelity:
+            return
+        values = self.fidelity[prefix].compute()  # summed over ranks
+        self.fidelity[prefix].reset()
+        if values["probes"] > 0:
+            module.log_dict({f"{prefix}/fidelity_{k}": v.float() for k, v in values.items() if k != "probes"})
