@@ -29,6 +29,19 @@ logger = logging.getLogger(__name__)
 SPLITS = {"test": "builtin:bank-test", "heldout": "builtin:bank-heldout"}
 """The evaluation splits: in-distribution test tasks, and held-out task templates."""
 
+DEMO_SFT = (
+    "--trainer.max_steps=1100",               # the 10-minute budget; the configs alone train to a plateau
+    "--trainer.val_check_interval=220",
+    "--data.val_tasks=builtin:bank-val:64",
+)
+"""The demo's warm-start overrides of ``lit_configs/tiny_sft.yaml`` (``--sft=...`` arguments come after them)."""
+
+DEMO_RL = (
+    "--trainer.max_steps=40",
+    "--trainer.limit_val_batches=0",          # both checkpoints are tested afterwards
+)
+"""The demo's RL overrides of ``lit_configs/tiny_rl.yaml`` (``--rl=...`` arguments come after them)."""
+
 COLUMNS = (
     ("success_act", "real success"),
     ("imagined_success", "imagined success"),
@@ -47,11 +60,13 @@ class StageResult:
     Attributes:
         export_dir: where the policy was exported (Hugging Face format).
         seconds: wall-clock time of the stage.
+        steps: optimiser steps taken.
         metrics: the trainer's final logged metrics (floats).
     """
 
     export_dir: str
     seconds: float
+    steps: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
 
 
@@ -69,7 +84,7 @@ def fit(config: str, export_dir: str, root_dir: str, overrides: Sequence[str] = 
     seconds = time.perf_counter() - start
     if not Path(export_dir, "config.json").is_file():
         raise RuntimeError(f"stage {config} finished without exporting a policy to {export_dir}")
-    return StageResult(export_dir, seconds, _floats(cli.trainer.callback_metrics))
+    return StageResult(export_dir, seconds, cli.trainer.global_step, _floats(cli.trainer.callback_metrics))
 
 
 def evaluate(
@@ -104,8 +119,18 @@ def format_table(rows: list[tuple[str, str, dict[str, float], str]]) -> str:
 
 
 def run_demo(out: str, sft_config: str, rl_config: str, sft_overrides: Sequence[str] = (),
-             rl_overrides: Sequence[str] = ()) -> str:
-    """Run the three stages under ``out`` and return the results table."""
+             rl_overrides: Sequence[str] = (), eval_tasks: int | None = None) -> str:
+    """Run the three stages under ``out`` and return the results table.
+
+    Args:
+        out: output directory.
+        sft_config: the warm start's config.
+        rl_config: the RL stage's config (also used for the tests).
+        sft_overrides: extra ``envace fit`` arguments of the warm start.
+        rl_overrides: extra ``envace fit`` arguments of the RL stage.
+        eval_tasks: test on the first this-many tasks of each split (generated); None uses the packaged splits.
+    """
+    splits = {k: v if eval_tasks is None else f"{v}:{eval_tasks}" for k, v in SPLITS.items()}
     start = time.perf_counter()
     warm = fit(sft_config, f"{out}/sft/policy", f"{out}/sft", sft_overrides)
     rl = fit(rl_config, f"{out}/rl/policy", f"{out}/rl",
@@ -113,7 +138,7 @@ def run_demo(out: str, sft_config: str, rl_config: str, sft_overrides: Sequence[
     real_calls = int(rl.metrics.get("train/real_calls_total", float("nan")))
     rows = []
     for name, stage, calls in (("warm start (SFT)", warm, "n/a"), ("EnvACE (rehearse RL)", rl, str(real_calls))):
-        for split, tasks in SPLITS.items():
+        for split, tasks in splits.items():
             rows.append((name, split, evaluate(rl_config, stage.export_dir, tasks, f"{out}/eval"), calls))
     table = format_table(rows)
     minutes = (time.perf_counter() - start) / 60
@@ -122,15 +147,19 @@ def run_demo(out: str, sft_config: str, rl_config: str, sft_overrides: Sequence[
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Command line: ``python -m envace.demo [--out DIR] [--sft-config F] [--rl-config F]``."""
+    """Command line: ``python -m envace.demo [--out DIR] [--sft=OVERRIDE ...] [--rl=OVERRIDE ...]``."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="runs/demo", help="output directory (logs, exported policies)")
     parser.add_argument("--sft-config", default="lit_configs/tiny_sft.yaml")
     parser.add_argument("--rl-config", default="lit_configs/tiny_rl.yaml")
-    parser.add_argument("--sft", nargs="*", default=[], metavar="OVERRIDE", help="extra `envace fit` arguments (SFT)")
-    parser.add_argument("--rl", nargs="*", default=[], metavar="OVERRIDE", help="extra `envace fit` arguments (RL)")
+    parser.add_argument("--sft", action="append", default=[], metavar="OVERRIDE",
+                        help="an extra `envace fit` argument for the SFT stage, e.g. --sft=--trainer.max_steps=50")
+    parser.add_argument("--rl", action="append", default=[], metavar="OVERRIDE",
+                        help="an extra `envace fit` argument for the RL stage (repeatable)")
+    parser.add_argument("--eval-tasks", type=int, default=None, help="test on this many tasks per split")
     args = parser.parse_args(argv)
-    report = run_demo(args.out, args.sft_config, args.rl_config, args.sft, args.rl)
+    report = run_demo(args.out, args.sft_config, args.rl_config, [*DEMO_SFT, *args.sft], [*DEMO_RL, *args.rl],
+                      args.eval_tasks)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     Path(args.out, "results.md").write_text(report + "\n", encoding="utf-8")
     print(report)  # noqa: T201 (the demo's result is its output)

@@ -40,3 +40,34 @@ def test_sft_lowers_both_losses_and_exports_a_policy(tmp_path: Path) -> None:
     for name, param in model.named_parameters():
         assert torch.equal(param, trained[name].detach()), name
     assert tokenizer.chat_template
+
+
+@pytest.mark.slow
+def test_sft_validation_runs_the_real_tools_and_exports_the_best_weights(tmp_path: Path) -> None:
+    export = tmp_path / "policy"
+    args = ["fit", "--config", SFT, "--trainer.max_steps=4", "--trainer.val_check_interval=2",
+            "--model.init_args.policy.init_args.hidden=32", "--model.init_args.policy.init_args.layers=1",
+            "--model.init_args.rollout.act_max_new_tokens=8", "--model.init_args.rollout.rehearse_max_new_tokens=8",
+            "--data.val_tasks=builtin:bank-val:4", "--data.eval_batch_size=4", "--data.batch_size=2",
+            f"--trainer.default_root_dir={tmp_path}", "--trainer.logger=false", "--trainer.callbacks=[]",
+            f"--model.export_dir={export}"]
+    with mock.patch.object(sys, "argv", ["envace"]):
+        cli = cli_main(args)
+    metrics = cli.trainer.callback_metrics
+    for key in ("val/success_act", "val/fidelity_exact_match", "val/real_calls", "val/sft_loss_act"):
+        assert key in metrics, key
+    # success is 0 at both validations: the first (step 2) stays the best, and its weights are the exported ones
+    best_value, best_weights = cli.model.best
+    assert best_value == 0.0
+    exported, _ = HFPolicy(str(export)).build()
+    final = cli.model.model.state_dict()
+    state = exported.state_dict()
+    assert all(torch.equal(state[k], best_weights[k]) for k in best_weights)
+    assert any(not torch.equal(final[k], best_weights[k]) for k in best_weights)  # two more steps changed them
+
+
+def test_export_best_needs_an_export_dir() -> None:
+    from envace.policy import TinyPolicy
+
+    with pytest.raises(ValueError, match="export_best needs export_dir"):
+        SFTModule(TinyPolicy(), export_best="val/success_act")
