@@ -274,12 +274,14 @@ def report(results: dict[str, dict[str, Any]], seeds: list[int], settings: Setti
     std = {arm: _stats(v)[1] for arm, v in test.items()}
     gain = mean["a"] - max(mean["d"], mean["e"])
     real_calls = int(sum(results[f"s{s}-a"]["real_calls"] for s in seeds))
+    tasks = "all (256 and 128)" if settings.eval_tasks is None else f"the first {settings.eval_tasks}"
     header = [
         "# Controlled study: rehearsal-only RL on the built-in bank domain",
         "",
         f"Produced by `{command}` ({len(seeds)} seeds: {', '.join(map(str, seeds))}; {settings.rl_steps} RL steps "
-        "per arm). Real success is measured in the real environment, greedy, on the 256 test tasks and the 128 "
-        "held-out-template tasks; fidelity is the teacher-forced rehearsal of the test tasks' reference calls.",
+        f"per arm). Real success is measured in the real environment, greedy, on {tasks} tasks of the test split "
+        "and of the held-out-template split; fidelity is the teacher-forced rehearsal of the test tasks' reference "
+        "calls. See docs/study.md for the protocol and the analysis.",
         "",
     ]
     summary = f"SUMMARY gain={gain:.3f} std={max(std['a'], std['d'], std['e']):.3f} real_calls_rl={real_calls}"

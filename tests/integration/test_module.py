@@ -132,3 +132,33 @@ def test_qlora_4bit_policy_trains_on_cpu(tmp_path: Path, tiny_dir: str) -> None:
     assert any(isinstance(m, bnb.nn.Linear4bit) for m in model.modules())
     assert any(torch.count_nonzero(t) > 0 for t in _lora(model, "default").values())  # the adapter learned
     assert all(v == v for v in _scalars(tmp_path)["train/loss"])
+
+
+@pytest.mark.slow
+def test_fidelity_gate_refuses_a_warm_start_that_rehearses_badly_before_any_step(tmp_path: Path) -> None:
+    # The random tiny policy rehearses none of the reference calls exactly: a gate of 0.5 stops the run at once.
+    with pytest.raises(ValueError, match=r"fidelity gate: the policy rehearses 0\.000 .* below fidelity_gate=0\.5"):
+        _run(tmp_path, "fit", "--trainer.max_steps=1", "--model.fidelity_gate=0.5",
+             "--data.val_tasks=builtin:bank-val:4", "--model.rollout.rehearse_max_new_tokens=8")
+
+
+def test_fidelity_gate_must_be_a_fraction() -> None:
+    with pytest.raises(ValueError, match=r"fidelity_gate must be in \[0, 1\]"):
+        EnvACEModule(TinyPolicy(), fidelity_gate=1.5)
+
+
+@pytest.mark.slow
+def test_lr_schedule_steps_once_per_optimiser_step_and_real_calls_are_totalled(tmp_path: Path) -> None:
+    cli = _run(
+        tmp_path, "fit", "--trainer.max_steps=2", "--model.world=envace.worlds.RealWorld",
+        "--model.lr_scheduler=torch.optim.lr_scheduler.LinearLR",
+        "--model.lr_scheduler.start_factor=0.5", "--model.lr_scheduler.total_iters=4",
+    )
+    scheduler = cli.model.lr_schedulers()
+    assert scheduler.last_epoch == 2  # stepped after each of the 2 optimiser steps
+    base = cli.model.optimizers().optimizer.defaults["lr"]
+    # LinearLR: factor 0.5 + (1 - 0.5) * step / 4 -> 0.75 after 2 steps
+    assert cli.model.optimizers().param_groups[0]["lr"] == pytest.approx(0.75 * base)
+    scalars = _scalars(tmp_path)
+    logged, total = scalars["train/real_calls"], scalars["train/real_calls_total"]
+    assert cli.model.real_calls_total == pytest.approx(sum(logged)) and total[-1] == pytest.approx(sum(logged))
