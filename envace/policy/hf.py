@@ -108,6 +108,7 @@ class HFPolicy:
         """
         tokenizer = self._load_tokenizer()
         model = self._load_model()
+        check_vocabulary(model, tokenizer, self.name_or_path)
         if self.load_in_4bit:
             model = _prepare_4bit(model)
         if self.gradient_checkpointing:
@@ -185,6 +186,22 @@ class TinyPolicy:
         if self.lora is not None:
             model = apply_lora(model, self.lora, self.adapters)
         return model, tokenizer
+
+
+def check_vocabulary(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, source: str) -> None:
+    """Refuse weights that belong to another tokenizer: every token id must have an embedding row.
+
+    A model may have more rows than the tokenizer has tokens (vocabularies padded to a multiple of 64), never fewer.
+
+    Raises:
+        ValueError: the tokenizer has more tokens than the model has embedding rows.
+    """
+    rows = model.get_input_embeddings().weight.shape[0]
+    if len(tokenizer) > rows:
+        raise ValueError(
+            f"'{source}': the tokenizer has {len(tokenizer)} tokens but the model's embedding has {rows} rows; the "
+            "weights were trained with another tokenizer (export the model and its tokenizer together)"
+        )
 
 
 def apply_lora(model: PreTrainedModel, spec: LoraSpec, adapters: list[str] | None = None) -> PeftModel:
