@@ -181,10 +181,9 @@ def _run(job_key: str, fn: Callable[..., dict[str, Any]], args: tuple[Any, ...],
 
 
 def plan(settings: Settings, seeds: list[int]) -> list[Job]:
-    """Every job of the study, with its dependencies."""
-    jobs = []
+    """Every job of the study, with its dependencies; warm starts first (the longest jobs, and every arm needs one)."""
+    jobs = [Job(f"s{s}-warm", warm_start, (settings, s)) for s in seeds]
     for s in seeds:
-        jobs.append(Job(f"s{s}-warm", warm_start, (settings, s)))
         jobs.append(Job(f"s{s}-eval-d", evaluate, (settings, s, "d"), (f"s{s}-warm",),
                         lambda r, s=s: (r[f"s{s}-warm"]["policy"],)))
         for arm in ("a", "b", "c"):

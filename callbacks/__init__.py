@@ -1,1 +1,1 @@
-"""Optional Lightning callbacks for envace runs (logging only; training never depends on them)."""
+"""Optional Lightning callbacks for envace runs: decoded episodes in TensorBoard, stopping at a plateau."""

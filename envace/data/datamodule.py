@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any, Protocol
 
 import lightning as L
@@ -116,6 +117,13 @@ class TaskList(IterableDataset):
         return iter(self.batches)
 
 
+def _limit_demonstrations(tasks: list[Task], keep: int | None) -> list[Task]:
+    """``tasks`` with the reference trajectory of all but the first ``keep`` removed (None keeps all)."""
+    if keep is None:
+        return tasks
+    return [t if i < keep else replace(t, reference=()) for i, t in enumerate(tasks)]
+
+
 class RolloutDataModule(L.LightningDataModule):
     """Streams rollouts of training tasks; serves validation and test tasks.
 
@@ -127,8 +135,11 @@ class RolloutDataModule(L.LightningDataModule):
         eval_batch_size: tasks per evaluation batch.
         shuffle: reshuffle the training tasks every epoch.
         seed: shuffling seed.
-        max_train_tasks: train on the first this-many tasks of the file only (e.g. limited demonstrations for an
-            imperfect warm start); None uses them all.
+        max_train_tasks: train on the first this-many tasks of the file only; None uses them all.
+        demonstrations: keep the reference trajectory of the first this-many training tasks only; the others
+            become tasks without demonstrations (RL still trains on them; the alignment term and prediction-error
+            shaping only use the kept references). For a warm start from limited demonstrations and RL on more
+            tasks, give SFT those first tasks and RL the same number here. None keeps every reference.
     """
 
     def __init__(
@@ -141,13 +152,17 @@ class RolloutDataModule(L.LightningDataModule):
         shuffle: bool = True,
         seed: int = 0,
         max_train_tasks: int | None = None,
+        demonstrations: int | None = None,
     ) -> None:
         super().__init__()
         if batch_size < 1 or eval_batch_size < 1:
             raise ValueError("batch_size and eval_batch_size must be at least 1")
         if max_train_tasks is not None and max_train_tasks < 1:
             raise ValueError(f"max_train_tasks must be at least 1, got {max_train_tasks}")
+        if demonstrations is not None and demonstrations < 0:
+            raise ValueError(f"demonstrations must be at least 0, got {demonstrations}")
         self.max_train_tasks = max_train_tasks
+        self.demonstrations = demonstrations
         self.paths = {"train": train_tasks, "val": val_tasks, "test": test_tasks or val_tasks}
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
         self.shuffle, self.seed = shuffle, seed
@@ -171,7 +186,9 @@ class RolloutDataModule(L.LightningDataModule):
                 raise ValueError(f"'{stage}' needs data.{split}_tasks")
             if split not in self.tasks:
                 tasks = load_task_set(path)
-                self.tasks[split] = tasks[: self.max_train_tasks] if split == "train" else tasks
+                if split == "train":
+                    tasks = _limit_demonstrations(tasks[: self.max_train_tasks], self.demonstrations)
+                self.tasks[split] = tasks
 
     def connect(self, sampler: RolloutSampler) -> None:
         """Attach the sampler the training stream draws rollouts from."""

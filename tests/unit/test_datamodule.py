@@ -241,3 +241,13 @@ def test_max_train_tasks_keeps_the_first_tasks_only() -> None:
     assert [t.id for t in dm.tasks["train"]] == [t.id for t in full.tasks["train"][:12]]
     with pytest.raises(ValueError, match="max_train_tasks"):
         RolloutDataModule(max_train_tasks=0)
+
+
+def test_demonstrations_keep_the_first_references_only() -> None:
+    dm = RolloutDataModule(train_tasks="builtin:bank:6", demonstrations=2)
+    dm.setup("fit")
+    train = dm.tasks["train"]
+    assert len(train) == 6 and all(t.reference for t in train[:2]) and not any(t.reference for t in train[2:])
+    assert all(t.success.calls for t in train)  # the checklist stays: RL can still score every task
+    with pytest.raises(ValueError, match="demonstrations must be at least 0"):
+        RolloutDataModule(demonstrations=-1)
