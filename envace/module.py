@@ -300,13 +300,14 @@ class EnvACEModule(PolicyModule):
     ) -> Tensor:
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=batch.input_ids.device)  # [N, T]
         micro_batches = list(self._micro_batches(batch, torch.arange(len(batch), device=batch.input_ids.device)))
+        passes = self._peer_max(len(micro_batches))  # before any pass: no other collective may interleave with it
         for idx in micro_batches:
             micro = batch.rows(idx)
             with context(), self._role_adapter(micro):
                 logps, _ = token_logps(model, micro.input_ids, micro.attention_mask, micro.temperatures,
                                         positions=micro.loss_mask)
             out[idx, : logps.shape[1]] = logps
-        for _ in range(self._peer_max(len(micro_batches)) - len(micro_batches)):
+        for _ in range(passes - len(micro_batches)):
             with context():
                 self._join_peers(model, backward=False)
         return out
@@ -352,6 +353,7 @@ class EnvACEModule(PolicyModule):
             "align": role_weights(TokenMean(), mb.loss_mask, mb.is_align),
         }
         micro_batches = list(self._micro_batches(mb, torch.arange(len(mb), device=mb.input_ids.device)))
+        passes = self._peer_max(len(micro_batches))  # before any pass: no other collective may interleave with it
         stats: list[dict[str, Tensor]] = []
         for idx in micro_batches:
             micro = mb.rows(idx)
@@ -360,7 +362,7 @@ class EnvACEModule(PolicyModule):
                 loss, micro_stats = self._micro_loss(micro, w)
             self.manual_backward(loss)
             stats.append(micro_stats)
-        for _ in range(self._peer_max(len(micro_batches)) - len(micro_batches)):
+        for _ in range(passes - len(micro_batches)):
             self._join_peers(self.model, backward=True)
         if self.grpo.grad_clip > 0:
             self.clip_gradients(optimizer, gradient_clip_val=self.grpo.grad_clip, gradient_clip_algorithm="norm")
