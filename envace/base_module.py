@@ -13,6 +13,8 @@ from peft import PeftModel
 from torch import Tensor
 
 from envace.data.datamodule import RolloutDataModule
+from envace.evaluation import PolicyEvaluator
+from envace.types import Task
 
 
 class PolicyModule(L.LightningModule):
@@ -29,6 +31,7 @@ class PolicyModule(L.LightningModule):
     export_dir: str | None = None
     export_best: str | None = None
     best: tuple[float, dict[str, Tensor]] | None = None
+    evaluator: PolicyEvaluator | None  # set by subclasses (an nn.Module: no class-level default, it would shadow it)
 
     def configure_export(self, export_dir: str | None, export_best: str | None) -> None:
         """Where to export the policy at the end of ``fit``, and which weights.
@@ -66,6 +69,28 @@ class PolicyModule(L.LightningModule):
             return optimizer
         scheduler = self.scheduler_factory(optimizer)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def _evaluate(self, tasks: list[Task], prefix: str) -> None:
+        """Evaluate one batch of tasks and log under ``prefix/`` (subclasses implement)."""
+        raise NotImplementedError
+
+    def validation_step(self, tasks: list[Task], batch_idx: int) -> None:
+        """Evaluate a batch of validation tasks (logged under ``val/``)."""
+        self._evaluate(tasks, "val")
+
+    def test_step(self, tasks: list[Task], batch_idx: int) -> None:
+        """As ``validation_step``, logged under ``test/``."""
+        self._evaluate(tasks, "test")
+
+    def on_validation_epoch_end(self) -> None:
+        """Log the epoch's rehearsal fidelity."""
+        if self.evaluator is not None:
+            self.evaluator.log_epoch(self, "val")
+
+    def on_test_epoch_end(self) -> None:
+        """Log the epoch's rehearsal fidelity."""
+        if self.evaluator is not None:
+            self.evaluator.log_epoch(self, "test")
 
     def on_fit_start(self) -> None:
         """Refuse, before any training, an export this strategy cannot do."""

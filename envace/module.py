@@ -403,23 +403,7 @@ class EnvACEModule(PolicyModule):
 
     # -- evaluation -------------------------------------------------------------------------------------------------
 
-    def validation_step(self, tasks: list[Task], batch_idx: int) -> None:
-        """Greedy episodes in ``eval_world`` (and in the rehearsed world); logs success, counters and fidelity."""
-        self._evaluate(tasks, "val")
-
-    def test_step(self, tasks: list[Task], batch_idx: int) -> None:
-        """As ``validation_step``, logged under ``test/``."""
-        self._evaluate(tasks, "test")
-
     def _evaluate(self, tasks: list[Task], prefix: str) -> None:
         self._bind_worlds()
         self.evaluator.evaluate(self, tasks, prefix, self.act_engine, self.rehearse_engine, self.tokenizer)
         self.last_episodes = self.evaluator.last_episodes
-
-    def on_validation_epoch_end(self) -> None:
-        """Log the epoch's rehearsal fidelity."""
-        self.evaluator.log_epoch(self, "val")
-
-    def on_test_epoch_end(self) -> None:
-        """Log the epoch's rehearsal fidelity."""
-        self.evaluator.log_epoch(self, "test")

@@ -150,14 +150,6 @@ class SFTModule(PolicyModule):
         self.log_dict({f"train/{k}": v for k, v in stats.items()}, batch_size=len(batch), prog_bar=True)
         return loss
 
-    def validation_step(self, tasks: list[Task], batch_idx: int) -> None:
-        """Teacher-forced cross-entropy on the references; with ``eval_world``, greedy episodes and fidelity too."""
-        self._evaluate(tasks, "val")
-
-    def test_step(self, tasks: list[Task], batch_idx: int) -> None:
-        """As ``validation_step``, logged under ``test/``."""
-        self._evaluate(tasks, "test")
-
     def _evaluate(self, tasks: list[Task], prefix: str) -> None:
         if any(t.reference for t in tasks):
             batch = self.sample_rollouts(tasks).to(self.device)
@@ -173,16 +165,6 @@ class SFTModule(PolicyModule):
             self.model.eval()
             self.evaluator.evaluate(self, tasks, prefix, self._engine, self._engine, self.tokenizer)
             self.model.train(was_training)
-
-    def on_validation_epoch_end(self) -> None:
-        """Log the epoch's fidelity."""
-        if self.evaluator is not None:
-            self.evaluator.log_epoch(self, "val")
-
-    def on_test_epoch_end(self) -> None:
-        """Log the epoch's fidelity."""
-        if self.evaluator is not None:
-            self.evaluator.log_epoch(self, "test")
 
     def _loss(self, batch: RolloutBatch) -> tuple[Tensor, dict[str, Tensor]]:
         assert self.model is not None
