@@ -55,6 +55,25 @@ ARMS = {
     "e": "SFT continued, same wall-clock as (a)",
 }
 WORLDS = {"a": "envace.worlds.RehearseWorld", "b": "envace.worlds.RealWorld", "c": "envace.worlds.FrozenWorld"}
+LEVER_PREFIX = "L-"
+"""Arm key of a lever (``L-<name>``): a variant of arm (a) with extra overrides."""
+
+
+def parse_levers(specs: list[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """``NAME:OVERRIDE`` specs -> ``((name, overrides), ...)`` in first-seen order; a repeated name adds overrides.
+
+    Raises:
+        ValueError: a spec without ``NAME:``, or a name that is not a plain identifier (it names a directory).
+    """
+    levers: dict[str, list[str]] = {}
+    for spec in specs:
+        name, sep, override = spec.partition(":")
+        if not sep or not override.startswith("--"):
+            raise ValueError(f"--lever {spec!r}: expected NAME:--override=value")
+        if not name.replace("_", "").replace("-", "").isalnum():
+            raise ValueError(f"--lever {spec!r}: the name {name!r} must be letters, digits, '-' or '_'")
+        levers.setdefault(name, []).append(override)
+    return tuple((name, tuple(overrides)) for name, overrides in levers.items())
 
 
 @dataclass(frozen=True)
@@ -69,6 +88,8 @@ class Settings:
         extra_warm: extra ``envace fit`` arguments of the warm start only (e.g. the policy's size).
         extra_rl: extra ``envace fit`` arguments of every RL arm.
         eval_tasks: test on the first this-many tasks of each split; None: the packaged splits.
+        levers: variants of arm (a), name -> their extra ``envace fit`` arguments (on top of ``extra_rl``); each is
+            trained from the same warm starts and reported in a table of its own.
     """
 
     out: str
@@ -78,6 +99,7 @@ class Settings:
     extra_rl: tuple[str, ...] = ()
     eval_tasks: int | None = None
     extra_warm: tuple[str, ...] = ()
+    levers: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 @dataclass
@@ -112,14 +134,16 @@ def warm_start(settings: Settings, seed: int) -> dict[str, Any]:
 
 
 def rl_arm(settings: Settings, seed: int, arm: str) -> dict[str, Any]:
-    """Train arm ``arm`` (a, b or c) of ``seed`` from its warm start."""
+    """Train arm ``arm`` of ``seed`` from its warm start: a, b or c, or a lever (a variant of a) by its arm key."""
     from envace.demo import fit
 
+    lever = dict(settings.levers).get(arm.removeprefix(LEVER_PREFIX)) if arm.startswith(LEVER_PREFIX) else None
+    world = WORLDS["a"] if lever is not None else WORLDS[arm]
     root = f"{settings.out}/seed{seed}/{arm}"
     stage = fit(RL_CONFIG, f"{root}/policy", root, [
         *_seed_args(seed), f"--model.policy.init_args.name_or_path={settings.out}/seed{seed}/warm/policy",
-        f"--model.world={WORLDS[arm]}", f"--trainer.max_steps={settings.rl_steps}",
-        "--trainer.limit_val_batches=0", *settings.extra_rl,  # timed: training only (tested afterwards)
+        f"--model.world={world}", f"--trainer.max_steps={settings.rl_steps}",
+        "--trainer.limit_val_batches=0", *settings.extra_rl, *(lever or ()),  # timed: training only (tested after)
     ])
     return {"seconds": stage.seconds, "policy": stage.export_dir,
             "real_calls": stage.metrics.get("train/real_calls_total", float("nan"))}
@@ -194,6 +218,12 @@ def plan(settings: Settings, seeds: list[int]) -> list[Job]:
                         lambda r, s=s: (r[f"s{s}-a"]["seconds"],)))
         jobs.append(Job(f"s{s}-eval-e", evaluate, (settings, s, "e"), (f"s{s}-e",),
                         lambda r, s=s: (r[f"s{s}-e"]["policy"],)))
+    for name, _ in settings.levers:  # after the main arms: the study's table comes first
+        arm = LEVER_PREFIX + name
+        for s in seeds:
+            jobs.append(Job(f"s{s}-{arm}", rl_arm, (settings, s, arm), (f"s{s}-warm",)))
+            jobs.append(Job(f"s{s}-eval-{arm}", evaluate, (settings, s, arm), (f"s{s}-{arm}",),
+                            lambda r, s=s, arm=arm: (r[f"s{s}-{arm}"]["policy"],)))
     return jobs
 
 
@@ -284,7 +314,37 @@ def report(results: dict[str, dict[str, Any]], seeds: list[int], settings: Setti
         "",
     ]
     summary = f"SUMMARY gain={gain:.3f} std={max(std['a'], std['d'], std['e']):.3f} real_calls_rl={real_calls}"
-    return "\n".join([*header, *lines, "", summary])
+    return "\n".join([*header, *lines, *lever_table(settings, seeds, cell, metric, spent, seconds), "", summary])
+
+
+def lever_table(settings: Settings, seeds: list[int], cell: Callable[[str, str, str], str],
+                metric: Callable[[str, int, str, str], float], spent: Callable[[str], str],
+                seconds: Callable[[str], str]) -> list[str]:
+    """The levers' rows (variants of arm (a)), with each one's per-seed gain over (d) and over (a)."""
+    if not settings.levers:
+        return []
+
+    def paired(arm: str, base: str) -> str:
+        gains = [metric(arm, s, "test", "success_act") - metric(base, s, "test", "success_act") for s in seeds]
+        mean, std = _stats(gains)
+        return f"{mean:+.3f} ± {std:.3f}"
+
+    lines = [
+        "",
+        "## Levers: variants of arm (a), from the same warm starts",
+        "",
+        "| lever (overrides on top of arm (a)) | real success, test | gain over (d), paired per seed | gain over (a), "
+        "paired | imagined success, test | fidelity EM, test | real tool calls | wall s / run |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, overrides in settings.levers:
+        arm = LEVER_PREFIX + name
+        lines.append(
+            f"| {name}: `{' '.join(overrides)}` | {cell(arm, 'test', 'success_act')} | {paired(arm, 'd')} | "
+            f"{paired(arm, 'a')} | {cell(arm, 'test', 'imagined_success')} | "
+            f"{cell(arm, 'test', 'fidelity_exact_match')} | {spent(arm)} | {seconds(arm)} |"
+        )
+    return lines
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -303,12 +363,19 @@ def main(argv: list[str] | None = None) -> None:
                         help="an extra `envace fit` argument of every RL arm (repeatable)")
     parser.add_argument("--warm", action="append", default=[], metavar="OVERRIDE",
                         help="an extra `envace fit` argument of the warm start only (repeatable)")
+    parser.add_argument("--lever", action="append", default=[], metavar="NAME:OVERRIDE",
+                        help="a variant of arm (a) named NAME with an extra `envace fit` argument (repeat a NAME to "
+                             "add arguments); trained from the same warm starts and reported in its own table")
     args = parser.parse_args(argv)
     if len(args.seeds) < 2:
         parser.error("at least 2 seeds are needed for a standard deviation")
+    try:
+        levers = parse_levers(args.lever)
+    except ValueError as err:
+        parser.error(str(err))
     Path(args.out).mkdir(parents=True, exist_ok=True)
     settings = Settings(args.out, args.rl_steps, args.sft_max_steps, tuple(args.sft), tuple(args.rl), args.eval_tasks,
-                        tuple(args.warm))
+                        tuple(args.warm), levers)
     results = run_all(plan(settings, args.seeds), args.out, args.workers)
     command = " ".join(["python benchmarks/controlled_study.py", *map(shlex.quote, (argv or sys.argv[1:]))])
     text = report(results, args.seeds, settings, command)
