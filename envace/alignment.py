@@ -90,3 +90,32 @@ class AlignmentRows:
             group_index=-1,
             align=True,
         )
+
+
+def demonstration_rows(tasks: list[Task], tokenizer: PreTrainedTokenizerBase, *, teacher_forced: bool = False,
+                       ) -> list[Sample]:
+    """One act row per task with a reference: the whole reference dialogue, trained on the assistant tokens.
+
+    The SFT warm start's act rows, and (``teacher_forced=True``, marked ``align``) the imitation rows of RL's
+    imitation term. ``group_index`` is the task's position in ``tasks``.
+
+    Raises:
+        ValueError: the chat template marks no assistant tokens (it lacks ``{% generation %}``).
+    """
+    rows = []
+    for group, task in enumerate(tasks):
+        if not task.reference:
+            continue
+        enc = tokenizer.apply_chat_template(
+            list(task.messages) + list(task.reference),
+            tools=list(task.tools),
+            tokenize=True,
+            return_dict=True,
+            return_assistant_tokens_mask=True,
+        )
+        mask = list(enc["assistant_masks"])
+        if not any(mask):
+            raise ValueError("the chat template marks no assistant tokens ({% generation %}); cannot build act rows")
+        roles = [int(Role.ACT) if m else int(Role.SYSTEM) for m in mask]
+        rows.append(Sample(list(enc["input_ids"]), roles, mask, Role.ACT, -1, group, align=teacher_forced))
+    return rows

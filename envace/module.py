@@ -21,7 +21,7 @@ from peft import PeftModel
 from torch import Tensor
 
 from envace.advantages import group_advantages, role_group_ids
-from envace.alignment import AlignmentRows
+from envace.alignment import AlignmentRows, demonstration_rows
 from envace.base_module import PolicyModule
 from envace.distributed import fully_shard_layers, peer_max
 from envace.evaluation import PolicyEvaluator, policy_engine
@@ -194,6 +194,8 @@ class EnvACEModule(PolicyModule):
         samples = [s for e in episodes for s in e.samples()]
         if self.grpo.align_weight > 0:
             samples += self.alignment.rows(tasks)
+        if self.grpo.imitate_weight > 0:
+            samples += demonstration_rows(tasks, self.tokenizer, teacher_forced=True)
         temps = {Role.ACT: self.rollout.act_temperature, Role.REHEARSE: self.rollout.rehearse_temperature}
         temperatures = [1.0 if s.align else temps[s.role] for s in samples]
         batch = collate(samples, temperatures, self.tokenizer.pad_token_id)
@@ -350,7 +352,8 @@ class EnvACEModule(PolicyModule):
         weights = {
             "act": role_weights(self.aggregation, mb.loss_mask, role_rows(mb, Role.ACT)),
             "rehearse": role_weights(self.aggregation, mb.loss_mask, role_rows(mb, Role.REHEARSE)),
-            "align": role_weights(TokenMean(), mb.loss_mask, mb.is_align),
+            "align": role_weights(TokenMean(), mb.loss_mask, mb.is_align & (mb.row_role == int(Role.REHEARSE))),
+            "imitate": role_weights(TokenMean(), mb.loss_mask, mb.is_align & (mb.row_role == int(Role.ACT))),
         }
         micro_batches = list(self._micro_batches(mb, torch.arange(len(mb), device=mb.input_ids.device)))
         passes = self._peer_max(len(micro_batches))  # before any pass: no other collective may interleave with it
@@ -383,7 +386,8 @@ class EnvACEModule(PolicyModule):
         loss, stats = envace_objective(
             logps, old, micro.ref_logps, micro.advantages, micro.loss_mask, micro.row_role, micro.is_align,
             w["act"], w["rehearse"], w["align"], self.policy_loss,
-            LossWeights(g.act_weight, g.rehearse_weight, g.align_weight, g.kl_weight),
+            LossWeights(g.act_weight, g.rehearse_weight, g.align_weight, g.kl_weight, g.imitate_weight),
+            weights_imitate=w["imitate"],
         )
         if entropy is not None:
             for name, role in (("act", Role.ACT), ("rehearse", Role.REHEARSE)):

@@ -18,7 +18,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
-from envace.alignment import AlignmentRows
+from envace.alignment import AlignmentRows, demonstration_rows
 from envace.base_module import PolicyModule
 from envace.evaluation import PolicyEvaluator, policy_engine
 from envace.logprobs import token_logps
@@ -35,23 +35,7 @@ from envace.worlds.rehearse import RehearseWorld
 
 def act_rows(tasks: list[Task], tokenizer: PreTrainedTokenizerBase) -> list[Sample]:
     """One act row per task with a reference: the whole reference dialogue, trained on the assistant tokens."""
-    rows = []
-    for group, task in enumerate(tasks):
-        if not task.reference:
-            continue
-        enc = tokenizer.apply_chat_template(
-            list(task.messages) + list(task.reference),
-            tools=list(task.tools),
-            tokenize=True,
-            return_dict=True,
-            return_assistant_tokens_mask=True,
-        )
-        mask = list(enc["assistant_masks"])
-        if not any(mask):
-            raise ValueError("the chat template marks no assistant tokens ({% generation %}); cannot build SFT rows")
-        roles = [int(Role.ACT) if m else int(Role.SYSTEM) for m in mask]
-        rows.append(Sample(list(enc["input_ids"]), roles, mask, Role.ACT, -1, group))
-    return rows
+    return demonstration_rows(tasks, tokenizer)
 
 
 class SFTModule(PolicyModule):

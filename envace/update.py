@@ -34,6 +34,9 @@ class GRPOConfig:
         kl_weight: weight of the k3 KL to the reference policy (0 turns it off; with LoRA the reference is the
             adapter-disabled base, otherwise a frozen copy is kept).
         align_max_per_task: most alignment rows per task per step.
+        imitate_weight: weight of the imitation cross-entropy on the demonstrations' act turns (the act-role
+            analogue of the alignment term: each step's tasks that keep a reference trajectory add it as a
+            teacher-forced act row; 0 turns it off).
         grad_clip: gradient-norm clip (0 disables).
     """
 
@@ -50,6 +53,16 @@ class GRPOConfig:
     kl_weight: float = 0.0
     align_max_per_task: int = 4
     grad_clip: float = 1.0
+    imitate_weight: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("group_size", "ppo_epochs", "mini_batches", "micro_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"grpo.{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("act_weight", "rehearse_weight", "align_weight", "kl_weight", "imitate_weight",
+                     "micro_batch_tokens", "grad_clip"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"grpo.{name} must be >= 0, got {getattr(self, name)}")
 
 
 def pack_rows(rows: Tensor, lengths: list[int], max_rows: int, max_tokens: int) -> Iterator[Tensor]:

@@ -2,7 +2,16 @@
 
 from envace.rewards.base import Reward
 from envace.rewards.format import FormatPenalty
+from envace.rewards.observed import ObservedAnswerSuccess
 from envace.rewards.shaping import PredictionErrorShaping, leaf_f1
 from envace.rewards.task_success import TaskSuccess, task_score
 
-__all__ = ["FormatPenalty", "PredictionErrorShaping", "Reward", "TaskSuccess", "leaf_f1", "task_score"]
+__all__ = [
+    "FormatPenalty",
+    "ObservedAnswerSuccess",
+    "PredictionErrorShaping",
+    "Reward",
+    "TaskSuccess",
+    "leaf_f1",
+    "task_score",
+]

@@ -67,6 +67,33 @@ def test_noshare_adapters_keep_the_roles_apart(tmp_path: Path, scripted_act: Non
 
 
 @pytest.mark.slow
+def test_imitation_term_trains_the_act_role_only(tmp_path: Path) -> None:
+    # Only the imitation term carries a gradient (both policy-gradient heads and the alignment term are off): the
+    # demonstrations' act turns are act rows, so the act adapter must move and the rehearse adapter must not.
+    cli = _run(
+        tmp_path, "fit", "--trainer.max_steps=2", f"--model.policy.init_args.lora={LORA}",
+        '--model.policy.init_args.adapters=["act", "rehearse"]', '--model.role_adapters=["act", "rehearse"]',
+        "--model.grpo.imitate_weight=1.0", "--model.grpo.align_weight=0", "--model.grpo.act_weight=0",
+        "--model.grpo.rehearse_weight=0",
+    )
+    model = cli.model.model
+    act, rehearse = _lora(model, "act"), _lora(model, "rehearse")
+    assert any(torch.count_nonzero(t) > 0 for t in act.values())
+    assert all(torch.count_nonzero(t) == 0 for t in rehearse.values())
+    imitate = _scalars(tmp_path)["train/loss_imitate"]
+    assert len(imitate) == 2 and all(v > 0 for v in imitate)
+
+
+def test_grpo_config_refuses_bad_values() -> None:
+    from envace.update import GRPOConfig
+
+    with pytest.raises(ValueError, match="grpo.imitate_weight"):
+        GRPOConfig(imitate_weight=-1.0)
+    with pytest.raises(ValueError, match="grpo.group_size"):
+        GRPOConfig(group_size=0)
+
+
+@pytest.mark.slow
 def test_kl_with_lora_uses_the_adapter_disabled_base(tmp_path: Path) -> None:
     cli = _run(
         tmp_path, "fit", "--trainer.max_steps=2", f"--model.policy.init_args.lora={LORA}",

@@ -314,3 +314,32 @@ def test_objective_shape_errors() -> None:
     inputs["weights_align"] = inputs["weights_align"][:, :3]
     with pytest.raises(ValueError, match="weights_align"):
         envace_objective(**inputs, policy_loss=ClippedPolicyLoss(), loss_weights=LossWeights())
+
+
+def test_objective_imitation_rows_are_their_own_head() -> None:
+    # rows: align (rehearse role, logps -0.5, -1.5) and imitation (act role, logps -1, -2, -3); both teacher-forced
+    logps = torch.tensor([[-0.5, -1.5, 0.0], [-1.0, -2.0, -3.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    role, forced = torch.tensor([REHEARSE, ACT]), torch.tensor([True, True])
+    align_rows, imitate_rows = forced & (role == REHEARSE), forced & (role == ACT)
+    none = torch.tensor([False, False])
+    total, stats = envace_objective(
+        logps, logps.clone(), None, torch.tensor([float("nan")] * 2), mask, role, forced,
+        role_weights(TokenMean(), mask, none), role_weights(TokenMean(), mask, none),
+        role_weights(TokenMean(), mask, align_rows), ClippedPolicyLoss(),
+        LossWeights(act=1.0, rehearse=1.0, align=0.5, imitate=2.0),
+        weights_imitate=role_weights(TokenMean(), mask, imitate_rows),
+    )  # fmt: skip
+    # align: (0.5 + 1.5) / 2 = 1; imitate: (1 + 2 + 3) / 3 = 2; no policy-gradient rows
+    # total = 0.5 * 1 + 2.0 * 2 = 4.5
+    assert stats["loss_align"].item() == pytest.approx(1.0)
+    assert stats["loss_imitate"].item() == pytest.approx(2.0)
+    assert stats["loss_act"].item() == 0.0 and stats["loss_rehearse"].item() == 0.0
+    assert total.item() == pytest.approx(4.5)
+    # without weights_imitate the imitation row trains nothing (and never leaks into the alignment head)
+    _, plain = envace_objective(
+        logps, logps.clone(), None, torch.tensor([float("nan")] * 2), mask, role, forced,
+        role_weights(TokenMean(), mask, none), role_weights(TokenMean(), mask, none),
+        role_weights(TokenMean(), mask, align_rows), ClippedPolicyLoss(), LossWeights(align=0.5, imitate=2.0),
+    )  # fmt: skip
+    assert plain["loss_imitate"].item() == 0.0 and plain["loss_align"].item() == pytest.approx(1.0)
