@@ -99,3 +99,12 @@ def test_builtin_bank_answers_are_mostly_traceable() -> None:
     for task in traced:  # replaying the recorded responses reproduces every traced task's answer exactly
         rehearsals = [Rehearsal(call, content, True) for call, content, _ in reference_steps(task)]
         assert observed_answer(answer_provenance(task), rehearsals) == " ".join(task.success.answer.equals.split())
+
+
+def test_two_tasks_sharing_an_id_do_not_share_a_provenance() -> None:
+    reward = ObservedAnswerSuccess()
+    first, second = make_task("90 230"), make_task("230")
+    second = Task(first.id, second.messages, second.tools, second.success, second.reference)  # same id, other answer
+    real = [{"source": "C1", "balance": 90, "target": "D5", "amount": 60, "fee": 0}, {"account": "D5", "balance": 230}]
+    assert reward(make_episode(first, real, "90 230")) == 1.0
+    assert reward(make_episode(second, real, "230")) == 1.0  # traced on its own: "230", not "90 230"
