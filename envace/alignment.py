@@ -8,6 +8,7 @@ the rehearse output format. Its loss is the cross-entropy of the response tokens
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
@@ -92,21 +93,40 @@ class AlignmentRows:
         )
 
 
-def demonstration_rows(tasks: list[Task], tokenizer: PreTrainedTokenizerBase, *, teacher_forced: bool = False,
-                       ) -> list[Sample]:
-    """One act row per task with a reference: the whole reference dialogue, trained on the assistant tokens.
+class DemonstrationRows:
+    """The act rows of tasks' reference dialogues, each rendered once per task id.
 
-    The SFT warm start's act rows, and (``teacher_forced=True``, marked ``align``) the imitation rows of RL's
-    imitation term. ``group_index`` is the task's position in ``tasks``.
+    An act row is the chat-template render of the task's messages plus its whole reference continuation, trained on
+    the assistant tokens (the template's ``{% generation %}`` mask). The SFT warm start trains on them, and RL's
+    imitation term (``teacher_forced=True``: rows marked ``align``) does.
 
-    Raises:
-        ValueError: the chat template marks no assistant tokens (it lacks ``{% generation %}``).
+    Args:
+        tokenizer: the policy's tokenizer (its chat template renders the rows).
+        teacher_forced: mark the rows ``align`` (teacher-forced cross-entropy rows inside an RL batch).
     """
-    rows = []
-    for group, task in enumerate(tasks):
-        if not task.reference:
-            continue
-        enc = tokenizer.apply_chat_template(
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, teacher_forced: bool = False) -> None:
+        self.tokenizer = tokenizer
+        self.teacher_forced = teacher_forced
+        self._cache: dict[str, Sample] = {}
+
+    def rows(self, tasks: list[Task]) -> list[Sample]:
+        """One row per task with a reference; ``group_index`` is the task's position in ``tasks``.
+
+        Raises:
+            ValueError: the chat template marks no assistant tokens (it lacks ``{% generation %}``).
+        """
+        out = []
+        for group, task in enumerate(tasks):
+            if not task.reference:
+                continue
+            if task.id not in self._cache:
+                self._cache[task.id] = self._row(task)
+            out.append(replace(self._cache[task.id], group_index=group))
+        return out
+
+    def _row(self, task: Task) -> Sample:
+        enc = self.tokenizer.apply_chat_template(
             list(task.messages) + list(task.reference),
             tools=list(task.tools),
             tokenize=True,
@@ -117,5 +137,4 @@ def demonstration_rows(tasks: list[Task], tokenizer: PreTrainedTokenizerBase, *,
         if not any(mask):
             raise ValueError("the chat template marks no assistant tokens ({% generation %}); cannot build act rows")
         roles = [int(Role.ACT) if m else int(Role.SYSTEM) for m in mask]
-        rows.append(Sample(list(enc["input_ids"]), roles, mask, Role.ACT, -1, group, align=teacher_forced))
-    return rows
+        return Sample(list(enc["input_ids"]), roles, mask, Role.ACT, -1, -1, align=self.teacher_forced)

@@ -21,7 +21,7 @@ from peft import PeftModel
 from torch import Tensor
 
 from envace.advantages import group_advantages, role_group_ids
-from envace.alignment import AlignmentRows, demonstration_rows
+from envace.alignment import AlignmentRows, DemonstrationRows
 from envace.base_module import PolicyModule
 from envace.distributed import fully_shard_layers, peer_max
 from envace.evaluation import PolicyEvaluator, policy_engine
@@ -157,6 +157,7 @@ class EnvACEModule(PolicyModule):
         self.runner = EpisodeRunner(self.tokenizer, self.rollout)
         self.prompter.bind(self.tokenizer, self.model)
         self.alignment = AlignmentRows(self.tokenizer, self.prompter, self.grpo.align_max_per_task)
+        self.demonstrations = DemonstrationRows(self.tokenizer, teacher_forced=True)
         act, rehearse = self.role_adapters or (None, None)
         self.act_engine = policy_engine(self, self.model, self.tokenizer, self.rollout, act)
         self.rehearse_engine = policy_engine(self, self.model, self.tokenizer, self.rollout, rehearse)
@@ -195,7 +196,7 @@ class EnvACEModule(PolicyModule):
         if self.grpo.align_weight > 0:
             samples += self.alignment.rows(tasks)
         if self.grpo.imitate_weight > 0:
-            samples += demonstration_rows(tasks, self.tokenizer, teacher_forced=True)
+            samples += self.demonstrations.rows(tasks)
         temps = {Role.ACT: self.rollout.act_temperature, Role.REHEARSE: self.rollout.rehearse_temperature}
         temperatures = [1.0 if s.align else temps[s.role] for s in samples]
         batch = collate(samples, temperatures, self.tokenizer.pad_token_id)

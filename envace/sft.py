@@ -18,7 +18,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
-from envace.alignment import AlignmentRows, demonstration_rows
+from envace.alignment import AlignmentRows, DemonstrationRows
 from envace.base_module import PolicyModule
 from envace.evaluation import PolicyEvaluator, policy_engine
 from envace.logprobs import token_logps
@@ -35,7 +35,7 @@ from envace.worlds.rehearse import RehearseWorld
 
 def act_rows(tasks: list[Task], tokenizer: PreTrainedTokenizerBase) -> list[Sample]:
     """One act row per task with a reference: the whole reference dialogue, trained on the assistant tokens."""
-    return demonstration_rows(tasks, tokenizer)
+    return DemonstrationRows(tokenizer).rows(tasks)
 
 
 class SFTModule(PolicyModule):
@@ -104,6 +104,7 @@ class SFTModule(PolicyModule):
         self.model: nn.Module | None = None
         self.tokenizer: Any = None
         self.alignment: AlignmentRows | None = None
+        self.demonstrations: DemonstrationRows | None = None
         self._engine: Any = None
 
     def configure_model(self) -> None:
@@ -115,11 +116,12 @@ class SFTModule(PolicyModule):
         self.model.train()
         self.prompter.bind(self.tokenizer, self.model)
         self.alignment = AlignmentRows(self.tokenizer, self.prompter, self.rehearse_max_per_task)
+        self.demonstrations = DemonstrationRows(self.tokenizer)
 
     def sample_rollouts(self, tasks: list[Task]) -> RolloutBatch:
         """The supervised rows of ``tasks`` (they do not depend on the weights)."""
-        assert self.alignment is not None
-        rows = act_rows(tasks, self.tokenizer) + self.alignment.rows(tasks)
+        assert self.alignment is not None and self.demonstrations is not None
+        rows = self.demonstrations.rows(tasks) + self.alignment.rows(tasks)
         if not rows:
             raise ValueError("no task in this batch has a reference trajectory to learn from")
         return collate(rows, [1.0] * len(rows), self.tokenizer.pad_token_id)

@@ -114,3 +114,25 @@ def test_cache_returns_the_same_rows(world: RehearseWorld, tiny_tokenizer) -> No
     assert [r.token_ids for r in again[1:]] == [r.token_ids for r in first]
     assert all(a.token_ids is b.token_ids for a, b in zip(again[1:], first))  # built once, served from the cache
     assert [r.group_index for r in first] == [0, 0] and [r.group_index for r in again] == [0, 1, 1]
+
+
+def test_demonstration_rows_render_each_task_once_and_follow_batch_positions(tiny_tokenizer, monkeypatch) -> None:
+    from envace.alignment import DemonstrationRows
+
+    calls = []
+    render = tiny_tokenizer.apply_chat_template
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return render(*args, **kwargs)
+
+    monkeypatch.setattr(tiny_tokenizer, "apply_chat_template", counting)
+    first, second = bank()["bank-train-0000-balance"], bank()["bank-train-0002-transfer_target"]
+    rows = DemonstrationRows(tiny_tokenizer, teacher_forced=True)
+    a = rows.rows([first, second])
+    b = rows.rows([second, first])
+    assert len(calls) == 2  # one render per task id
+    assert [r.group_index for r in a] == [0, 1] and [r.group_index for r in b] == [0, 1]
+    assert b[0].token_ids == a[1].token_ids and all(r.align and r.role == Role.ACT for r in a + b)
+    assert any(b[0].loss_mask) and not all(b[0].loss_mask)  # assistant tokens only
+    assert DemonstrationRows(tiny_tokenizer).rows([first])[0].align is False
