@@ -16,7 +16,6 @@ from typing import Any
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
-from transformers import PreTrainedTokenizerBase
 
 from envace.alignment import AlignmentRows, DemonstrationRows
 from envace.base_module import PolicyModule
@@ -28,14 +27,9 @@ from envace.rewards.base import Reward
 from envace.rewards.task_success import TaskSuccess
 from envace.rollout.collate import RolloutBatch, collate
 from envace.rollout.runner import RolloutConfig
-from envace.types import Role, Sample, Task
+from envace.types import Role, Task
 from envace.worlds.base import World
 from envace.worlds.rehearse import RehearseWorld
-
-
-def act_rows(tasks: list[Task], tokenizer: PreTrainedTokenizerBase) -> list[Sample]:
-    """One act row per task with a reference: the whole reference dialogue, trained on the assistant tokens."""
-    return DemonstrationRows(tokenizer).rows(tasks)
 
 
 class SFTModule(PolicyModule):

@@ -106,8 +106,7 @@ class ObservedAnswerSuccess:
     """Reward = ``TaskSuccess``'s weighted checklist, with the answer expected to report the observed responses.
 
     Where the expected answer cannot be traced to the reference responses, or the episode did not observe them, the
-    task's own expected answer is used. Provenance is computed once per task (keyed by id, answer and reference, so
-    that two task files reusing an id do not share it).
+    task's own expected answer is used.
 
     Args:
         answer_normalize: compare answers after stripping, lower-casing and collapsing whitespace.
@@ -115,16 +114,11 @@ class ObservedAnswerSuccess:
 
     def __init__(self, answer_normalize: bool = True) -> None:
         self.answer_normalize = answer_normalize
-        self._provenance: dict[tuple[str, str], list[tuple[str, Path]] | None] = {}
 
     def __call__(self, episode: Episode) -> float:
         """The task score of ``episode`` against the answer its own observations imply."""
         task = episode.task
-        answer = task.success.answer.equals if task.success.answer is not None else None
-        key = (task.id, json.dumps([answer, task.reference], sort_keys=True))
-        if key not in self._provenance:
-            self._provenance[key] = answer_provenance(task)
-        provenance = self._provenance[key]
+        provenance = answer_provenance(task)  # a few small JSON parses: cheaper than any cache key over the task
         expected = observed_answer(provenance, episode.rehearsals) if provenance is not None else None
         if expected is not None:
             answer = replace(task.success.answer, equals=expected)
