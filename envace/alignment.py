@@ -13,33 +13,12 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from envace.data.tasks import reference_steps
 from envace.policy.chat import encode
 from envace.roles.rehearse import format_result
-from envace.types import Role, Sample, Task, ToolCall
+from envace.types import Episode, Role, Sample, Task, ToolCall
 from envace.worlds.base import ToolRequest
 from envace.worlds.rehearse import RehearseWorld
-
-
-def reference_steps(task: Task) -> list[tuple[ToolCall, str, list[dict[str, Any]]]]:
-    """``(call, recorded content, history before the calling assistant message)`` for each reference call."""
-    steps = []
-    history: list[dict[str, Any]] = [dict(m) for m in task.messages]
-    pending: list[ToolCall] = []
-    before_call: list[dict[str, Any]] = []
-    for message in task.reference:
-        if message["role"] == "assistant":
-            before_call = list(history)
-            pending = [_call(tc) for tc in message.get("tool_calls") or []]
-        elif message["role"] == "tool" and pending:
-            steps.append((pending.pop(0), message["content"], before_call))
-        history.append(dict(message))
-    return steps
-
-
-def _call(tool_call: dict[str, Any]) -> ToolCall:
-    fn = tool_call["function"]
-    args = fn["arguments"]
-    return ToolCall(fn["name"], json.loads(args) if isinstance(args, str) else dict(args))
 
 
 def _normalise(content: str) -> str:
@@ -71,6 +50,25 @@ class AlignmentRows:
         for group, task in enumerate(tasks):
             for row in self._task_rows(task):
                 out.append(Sample(row.token_ids, row.role_ids, row.loss_mask, Role.REHEARSE, -1, group, align=True))
+        return out
+
+    def live_rows(self, episodes: list[Episode], max_rows: int) -> list[Sample]:
+        """Alignment rows of the live pairs of ``episodes`` (at most ``max_rows``, in episode order).
+
+        A live pair is a call answered by a real environment or the cache, or any call of an audited episode: the
+        rehearse prompt with the episode's own history, and the real response as the target.
+        """
+        out: list[Sample] = []
+        for episode in episodes:
+            for rehearsal in episode.rehearsals:
+                if len(out) >= max_rows:
+                    return out
+                live = rehearsal.source in ("real", "cache") or episode.audit is not None
+                if not live or rehearsal.real is None or rehearsal.request is None:
+                    continue
+                req = rehearsal.request
+                row = self._row(episode.task, rehearsal.call, rehearsal.real, req.history)
+                out.append(replace(row, group_index=episode.group_index))
         return out
 
     def _task_rows(self, task: Task) -> list[Sample]:

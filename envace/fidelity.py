@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from torchmetrics import Metric
 
-from envace.alignment import reference_steps
+from envace.data.tasks import reference_steps
 from envace.rewards.shaping import leaf_f1
 from envace.roles.parsing import json_type_name
 from envace.rollout.engine import Engine, SamplingParams
@@ -235,6 +236,65 @@ class RehearsalFidelity(Metric):
         }
 
 
+class LiveFidelity(nn.Module):
+    """Running fidelity of live probes, over all tools and per tool (one ``RehearsalFidelity`` each).
+
+    On several ranks, ``declare`` every tool name first (the same on every rank): ``compute`` syncs each metric, and
+    the ranks must compute the same metrics in the same order.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.overall = RehearsalFidelity()
+        self.tools = nn.ModuleDict()
+        self._names: dict[str, str] = {}  # module key -> tool name
+
+    def declare(self, tools: list[str]) -> None:
+        """Create the metrics of ``tools`` (idempotent)."""
+        for tool in tools:
+            key = _module_key(tool)
+            if key not in self.tools:
+                self.tools[key] = RehearsalFidelity().to(self.overall.device)
+                self._names[key] = tool
+
+    def update(self, scores: list[ProbeScore], tools: list[str]) -> None:
+        """Add probe scores, each with the name of its tool.
+
+        Raises:
+            ValueError: ``scores`` and ``tools`` differ in length.
+        """
+        if len(scores) != len(tools):
+            raise ValueError(f"LiveFidelity.update: {len(scores)} scores but {len(tools)} tool names")
+        self.declare(sorted(set(tools)))
+        self.overall.update(scores)
+        groups: dict[str, list[ProbeScore]] = defaultdict(list)
+        for score, tool in zip(scores, tools):
+            groups[tool].append(score)
+        for tool, group in groups.items():
+            self.tools[_module_key(tool)].update(group)
+
+    def compute_and_reset(self) -> dict[str, float]:
+        """The means since the last call, then start a new window.
+
+        Keys: ``<metric>`` over all tools and ``<tool>/<metric>`` per tool (only what has probes), with ``probes``
+        (the count) for each.
+        """
+        out: dict[str, float] = {}
+        for prefix, metric in [("", self.overall)] + [(self._names[k] + "/", m) for k, m in sorted(self.tools.items())]:
+            with warnings.catch_warnings():  # a window without probes is normal (torchmetrics warns on it)
+                warnings.filterwarnings("ignore", message=".*compute.*before.*update.*")
+                values = metric.compute()
+            metric.reset()
+            if values["probes"] > 0:
+                out.update({prefix + name: float(value) for name, value in values.items()})
+        return out
+
+
+def _module_key(tool: str) -> str:
+    """A module-dict key for a tool name (which may hold dots)."""
+    return "t_" + tool.replace(".", "__dot__")
+
+
 def _totals(scores: list[ProbeScore]) -> dict[str, float]:
     """Sum of each ``ProbeScore`` field over ``scores``, keyed by field name."""
     totals = dict.fromkeys(METRIC_NAMES, 0.0)
@@ -328,7 +388,13 @@ def rehearsal_target(real: str) -> str:
     return json.dumps(value if ok else {"result": real}, ensure_ascii=False)
 
 
-def _score_reply(reply: ToolReply, real: str) -> ProbeScore:
+def score_reply(reply: ToolReply, real: str) -> ProbeScore:
+    """Score a rehearse world's reply against the real response ``real`` (see ``rehearse_probes``).
+
+    Args:
+        reply: the rehearsed reply.
+        real: the real response text.
+    """
     target = rehearsal_target(real)
     if reply.parse_error:
         return broken_contract_score(reply.content, target)
@@ -351,4 +417,4 @@ def rehearse_probes(probes: list[Probe], world: RehearseWorld, engine: Engine, m
         return []
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
     replies = world.respond([probe.request for probe in probes], engine, params)
-    return [_score_reply(reply, probe.real) for reply, probe in zip(replies, probes)]
+    return [score_reply(reply, probe.real) for reply, probe in zip(replies, probes)]

@@ -41,7 +41,11 @@ def rollout_metrics(episodes: list[Episode]) -> dict[str, float]:
         "invalid_call_rate": _rate(sum(s.unknown_tools + s.invalid_arguments for s in stats), attempted),
         "turns_per_episode": _rate(act_turns, n),
         "calls_per_episode": _rate(world_calls, n),
-        "real_calls": float(sum(s.real_calls for s in stats)),  # spent in this batch
+        "real_calls": float(sum(s.real_calls for s in stats)),  # spent answering calls in this batch
+        "real_calls_saved": float(world_calls - sum(s.real_calls for s in stats)),  # vs. one real call per call
+        "share_real": _rate(sum(s.real_answers for s in stats), world_calls),
+        "share_cache": _rate(sum(s.cache_calls for s in stats), world_calls),
+        "share_rehearse": _rate(rehearsed, world_calls),
         "real_calls_per_episode": _rate(sum(s.real_calls for s in stats), n),
         "turn_limit_rate": _rate(sum(s.turn_limit for s in stats), n),
         "call_limit_rate": _rate(sum(s.call_limit for s in stats), n),

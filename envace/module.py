@@ -22,10 +22,12 @@ from torch import Tensor
 
 from envace.advantages import group_advantages, role_group_ids
 from envace.alignment import AlignmentRows, DemonstrationRows
+from envace.audit import WorldAudit
 from envace.base_module import PolicyModule
 from envace.distributed import fully_shard_layers, peer_max
 from envace.evaluation import PolicyEvaluator, policy_engine
 from envace.fidelity import reference_probes, rehearse_probes
+from envace.guard import CollusionGuard
 from envace.logprobs import token_logps
 from envace.losses.aggregation import TokenAggregator, TokenMean, role_weights
 from envace.losses.objective import LossWeights, envace_objective
@@ -33,6 +35,7 @@ from envace.losses.policy import ClippedPolicyLoss
 from envace.metrics import rollout_metrics
 from envace.policy.chat import check_chat_template
 from envace.policy.hf import Policy, adapter_context
+from envace.quality import WorldQuality
 from envace.rewards.base import Reward
 from envace.rewards.shaping import PredictionErrorShaping
 from envace.rewards.task_success import TaskSuccess
@@ -74,6 +77,10 @@ class EnvACEModule(PolicyModule):
             and log ``imagined_success`` next to the ``eval_world`` success.
         export_dir: at the end of ``fit``, save the policy here in Hugging Face format (single device or DDP).
         export_best: export the weights of the best validation of this logged metric instead of the last ones.
+        audit: replay a share of the rehearsed training episodes in the real environment (their tasks need one):
+            the free-running fidelity horizon, the sim-to-real gap, and real targets for shaping and grounding.
+            Audit calls are real calls, counted in ``real_calls_audit`` and ``real_calls_total``.
+        guard: the collusion guard on the audited sim-to-real gap (needs ``audit``).
         fidelity_gate: refuse to start training when the policy's rehearsal fidelity (exact match of the rehearsed
             responses to the recorded real ones, teacher-forced on the validation tasks' reference calls, or the
             training tasks' without validation tasks) is below this: a world model that inaccurate is easier to game
@@ -100,6 +107,8 @@ class EnvACEModule(PolicyModule):
         export_dir: str | None = None,
         export_best: str | None = None,
         fidelity_gate: float | None = None,
+        audit: WorldAudit | None = None,
+        guard: CollusionGuard | None = None,
     ) -> None:
         super().__init__()
         if fidelity_gate is not None and not 0.0 <= fidelity_gate <= 1.0:
@@ -108,6 +117,7 @@ class EnvACEModule(PolicyModule):
         self.save_hyperparameters()
         self.configure_export(export_dir, export_best)
         self.real_calls_total = 0  # real tool calls spent by training rollouts, over the whole run (resumes included)
+        self.real_calls_saved_total = 0  # calls answered without a real execution, over the whole run
         self.automatic_optimization = False
         self.policy = policy
         self.world = world if world is not None else RehearseWorld()
@@ -129,6 +139,7 @@ class EnvACEModule(PolicyModule):
         self.last_episodes: list[Episode] = []
         self._bound = False
         self.prompter = alignment_prompter(self.world)  # the policy's own rehearse prompts (alignment, evaluation)
+        self.quality = WorldQuality(self.world, audit, guard)
         self.evaluator = PolicyEvaluator(self.eval_world, self.prompter, self.rewards, rollout, eval_fidelity,
                                          eval_imagined)
 
@@ -174,6 +185,7 @@ class EnvACEModule(PolicyModule):
         start = time.perf_counter()
         generated_before = self.act_engine.generated_tokens + self.rehearse_engine.generated_tokens
         group = self.grpo.group_size
+        self.world.begin_rollout(int(self.global_step))
         with torch.no_grad():
             episodes = self.runner.run(
                 [t for t in tasks for _ in range(group)],
@@ -183,11 +195,14 @@ class EnvACEModule(PolicyModule):
                 self.rehearse_engine,
                 any_active=self._any_active if self.trainer.world_size > 1 else None,
             )
-        score_episodes(episodes, self.rewards, self.shaping)
+        audited = self.quality.replay(episodes, int(self.global_step))
+        score_episodes(episodes, self.rewards, self.shaping, self.quality.recorded)
+        quality = self.quality.after_scoring(episodes, audited, self.rewards)
         batch = self._collate(episodes, tasks)
         elapsed = time.perf_counter() - start
         generated = self.act_engine.generated_tokens + self.rehearse_engine.generated_tokens - generated_before
-        batch.metrics = {"rollout_time_s": elapsed, "generated_tokens": float(generated)}
+        batch.metrics = {"rollout_time_s": elapsed, "generated_tokens": float(generated), **quality}
+        batch.metrics.update({f"world_{k}": v for k, v in getattr(self.world, "metrics", dict)().items()})
         batch.metrics["rollout_tokens_per_s"] = generated / elapsed if elapsed > 0 else 0.0
         return batch
 
@@ -195,6 +210,8 @@ class EnvACEModule(PolicyModule):
         samples = [s for e in episodes for s in e.samples()]
         if self.grpo.align_weight > 0:
             samples += self.alignment.rows(tasks)
+            if self.grpo.align_live:
+                samples += self.alignment.live_rows(episodes, self.grpo.align_live_max)
         if self.grpo.imitate_weight > 0:
             samples += self.demonstrations.rows(tasks)
         temps = {Role.ACT: self.rollout.act_temperature, Role.REHEARSE: self.rollout.rehearse_temperature}
@@ -237,12 +254,17 @@ class EnvACEModule(PolicyModule):
         metrics.update(batch.metrics)
         metrics["update_time_s"] = time.perf_counter() - start
         metrics["rows"] = float(len(batch))
-        self.real_calls_total += self._sum_over_ranks(sum(e.stats.real_calls for e in batch.episodes))
+        spent = sum(e.stats.real_calls for e in batch.episodes) + int(metrics.get("real_calls_audit", 0))
+        self.real_calls_total += self._sum_over_ranks(spent)
+        self.real_calls_saved_total += self._sum_over_ranks(int(metrics["real_calls_saved"]))
         metrics["real_calls_total"] = float(self.real_calls_total)
+        metrics["real_calls_saved_total"] = float(self.real_calls_saved_total)
         self.last_episodes = batch.episodes
         # Averaged over ranks (counts such as real_calls are per-rank means); every rank logs the same keys.
         self.log_dict({f"train/{k}": float(v) for k, v in metrics.items()}, batch_size=len(batch.episodes),
                       sync_dist=self.trainer.world_size > 1)
+        live = self.quality.fidelity_logs()  # already reduced over ranks
+        self.log_dict({f"train/fidelity/{k}": v for k, v in live.items()}, batch_size=len(batch.episodes))
 
     def _sum_over_ranks(self, count: int) -> int:
         if self.trainer.world_size == 1:
@@ -277,10 +299,12 @@ class EnvACEModule(PolicyModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Keep the run's real-call count across resumes."""
         checkpoint["envace_real_calls_total"] = self.real_calls_total
+        checkpoint["envace_real_calls_saved_total"] = self.real_calls_saved_total
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Restore the run's real-call count."""
         self.real_calls_total = int(checkpoint.get("envace_real_calls_total", 0))
+        self.real_calls_saved_total = int(checkpoint.get("envace_real_calls_saved_total", 0))
 
     def _budget_spent(self) -> bool:
         """``trainer.max_steps`` counts optimiser steps; stop mid-rollout rather than overshoot it."""

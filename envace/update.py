@@ -34,6 +34,10 @@ class GRPOConfig:
         kl_weight: weight of the k3 KL to the reference policy (0 turns it off; with LoRA the reference is the
             adapter-disabled base, otherwise a frozen copy is kept).
         align_max_per_task: most alignment rows per task per step.
+        align_live: also align on this step's live pairs: each call a real environment or the cache answered, and
+            each call of an audited episode, with the episode's own history and the real response as the target
+            (with ``align_weight`` > 0).
+        align_live_max: most live alignment rows per step.
         imitate_weight: weight of the imitation cross-entropy on the demonstrations' act turns (the act-role
             analogue of the alignment term: each step's tasks that keep a reference trajectory add it as a
             teacher-forced act row; 0 turns it off).
@@ -52,6 +56,8 @@ class GRPOConfig:
     align_weight: float = 0.0
     kl_weight: float = 0.0
     align_max_per_task: int = 4
+    align_live: bool = True
+    align_live_max: int = 64
     grad_clip: float = 1.0
     imitate_weight: float = 0.0
 
@@ -60,7 +66,7 @@ class GRPOConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"grpo.{name} must be at least 1, got {getattr(self, name)}")
         for name in ("act_weight", "rehearse_weight", "align_weight", "kl_weight", "imitate_weight",
-                     "micro_batch_tokens", "grad_clip"):
+                     "micro_batch_tokens", "grad_clip", "align_live_max"):
             if getattr(self, name) < 0:
                 raise ValueError(f"grpo.{name} must be >= 0, got {getattr(self, name)}")
 

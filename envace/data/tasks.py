@@ -468,3 +468,25 @@ def reference_calls(task: Task) -> list[tuple[ToolCall, str]]:
         for call in message.get("tool_calls", []):
             pending.append(ToolCall(call["function"]["name"], call["function"]["arguments"]))
     return pairs
+
+
+def reference_steps(task: Task) -> list[tuple[ToolCall, str, list[dict[str, Any]]]]:
+    """``(call, recorded content, history before the calling assistant message)`` for each reference call."""
+    steps = []
+    history: list[dict[str, Any]] = [dict(m) for m in task.messages]
+    pending: list[ToolCall] = []
+    before_call: list[dict[str, Any]] = []
+    for message in task.reference:
+        if message["role"] == "assistant":
+            before_call = list(history)
+            pending = [_call(tc) for tc in message.get("tool_calls") or []]
+        elif message["role"] == "tool" and pending:
+            steps.append((pending.pop(0), message["content"], before_call))
+        history.append(dict(message))
+    return steps
+
+
+def _call(tool_call: dict[str, Any]) -> ToolCall:
+    fn = tool_call["function"]
+    args = fn["arguments"]
+    return ToolCall(fn["name"], json.loads(args) if isinstance(args, str) else dict(args))

@@ -109,8 +109,7 @@ def domain_corpus(max_tasks: int = 96) -> list[str]:
         call (the rehearse role's chat with the real response), rendered with a byte-level stand-in tokenizer that
         carries the same chat template.
     """
-    from envace.alignment import reference_steps
-    from envace.data.tasks import load_tasks, resolve_task_path
+    from envace.data.tasks import load_tasks, reference_steps, resolve_task_path
     from envace.roles.rehearse import build_rehearse_messages, default_system_prompt, format_result
 
     stand_in = _untrained_tokenizer()

@@ -40,7 +40,7 @@ def leaf_f1(predicted: Any, reference: Any) -> float:
 
 
 class PredictionErrorShaping:
-    """Shaping term ``-coef * (1 - leaf_f1(rehearsed, real))`` for calls whose real response was recorded."""
+    """Shaping term ``-coef * (1 - leaf_f1(rehearsed, real))`` for calls whose real response is known."""
 
     def __init__(self, coef: float = 0.5) -> None:
         """Configure the shaping.
@@ -52,21 +52,21 @@ class PredictionErrorShaping:
             raise ValueError(f"coef must be >= 0, got {coef}")
         self.coef = coef
 
-    def __call__(self, rehearsal: Rehearsal, reference: dict[str, str]) -> float | None:
+    def __call__(self, rehearsal: Rehearsal) -> float | None:
         """The shaping term of one rehearsal.
 
         Args:
-            rehearsal: the rehearsed call and the content the act role saw.
-            reference: ``ToolCall.key()`` -> recorded real response (JSON text).
+            rehearsal: the rehearsed call, the content the act role saw, and ``real``: the real response of the call
+                in the episode's state, when known (from an audit replay, a real or cached answer, or the task's
+                recorded reference in the same state).
 
         Returns:
-            The non-positive shaping term, or None when the call has no recorded response or a content is not JSON.
+            The non-positive shaping term, or None when the real response is unknown or a content is not JSON.
         """
-        recorded = reference.get(rehearsal.call.key())
-        if recorded is None:
+        if rehearsal.real is None:
             return None
         try:
-            predicted, real = json.loads(rehearsal.content), json.loads(recorded)
+            predicted, real = json.loads(rehearsal.content), json.loads(rehearsal.real)
         except json.JSONDecodeError:
             return None
         return -self.coef * (1.0 - leaf_f1(predicted, real))

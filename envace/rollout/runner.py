@@ -20,7 +20,6 @@ from envace.rollout.engine import Engine, Generation, SamplingParams
 from envace.rollout.stream import TokenStream, append_messages, prompt_stream
 from envace.types import Episode, Rehearsal, Role, Sample, Task, ToolCall
 from envace.worlds.base import ToolReply, ToolRequest, World
-from envace.worlds.rehearse import RehearseWorld
 
 ErrorPolicy = Literal["feedback", "end"]
 
@@ -220,11 +219,16 @@ class EpisodeRunner:
         stats = s.episode.stats
         for req, reply in pairs:
             if isinstance(req, ToolRequest) and isinstance(reply, ToolReply):
-                stats.real_calls += int(reply.real)
-                stats.rehearse_calls += int(not reply.real)
+                stats.real_calls += reply.real_calls
+                stats.real_answers += int(reply.source == "real")
+                stats.cache_calls += int(reply.source == "cache")
+                stats.rehearse_calls += int(reply.source in ("rehearse", "frozen"))
                 stats.rehearse_parse_errors += int(reply.parse_error)
                 stats.rehearse_truncated += int(reply.truncated)
-                s.episode.rehearsals.append(Rehearsal(req.call, reply.content, reply.ok, reply.sample))
+                s.episode.rehearsals.append(
+                    Rehearsal(req.call, reply.content, reply.ok, reply.sample, source=reply.source,
+                              real=reply.real_content, probe=reply.probe, request=req)
+                )
 
     def _deliver(self, s: _Live, pairs: list[tuple[ToolRequest | CallError, ToolReply | CallError]]) -> None:
         """Append one tool message per call, in call order, to the transcript, the messages and the token stream."""
@@ -263,12 +267,12 @@ class EpisodeRunner:
 
 
 def _generates_with_policy(world: World) -> bool:
-    """The world answers through the policy's engine (rehearsal), so an idle rank must join with a dummy generation.
+    """The world answers through the policy's engine, so an idle rank must join with a dummy generation.
 
     A real world never generates and a frozen simulator generates with its own engine: ranks that answer calls then
     make no policy generation in the world step, so an idle rank must not make one either.
     """
-    return isinstance(world, RehearseWorld) and world.trained
+    return bool(getattr(world, "generates_with_policy", False))
 
 
 def _assistant_message(content: str, reasoning: str, calls: list[ToolCall]) -> dict[str, Any]:

@@ -48,21 +48,39 @@ class ToolReply:
         content: the tool message content the act role sees (JSON text).
         ok: a well-formed response (an error the tool itself reports, like an unknown id, is still ok).
         sample: the rehearse role's training row, when the trained policy produced the response.
-        real: a real environment executed the call.
         parse_error: the generated response broke the output contract (an error was substituted).
         truncated: the generated response was cut by its token budget.
+        source: the backend that answered: ``real``, ``cache``, ``rehearse`` (the trained policy) or ``frozen``.
+        real_calls: real executions this answer cost (a hybrid world first replays the calls its real environment
+            has not seen, so its state matches the episode's).
+        real_content: the real environment's response, when the answer is real or cached (grounding target).
+        probe: the live fidelity score of the policy's shadow rehearsal of this call (``envace.fidelity.ProbeScore``).
     """
 
     content: str
     ok: bool
     sample: Sample | None = None
-    real: bool = False
     parse_error: bool = False
     truncated: bool = False
+    source: str = "rehearse"
+    real_calls: int = 0
+    real_content: str | None = None
+    probe: Any = None
 
 
 class World(Protocol):
-    """Answers tool calls. Implementations: ``RehearseWorld``, ``RealWorld``, ``FrozenWorld``."""
+    """Answers tool calls.
+
+    Implementations: ``RehearseWorld``, ``RealWorld``, ``FrozenWorld``, ``HybridWorld`` (which mixes real, cached
+    and rehearsed answers per turn) and ``CacheWorld``.
+
+    A world whose ``respond`` generates with the policy's engine sets ``generates_with_policy`` (then it makes
+    exactly one ``engine.generate`` call per ``respond``, so that sharded ranks stay in lockstep).
+    """
+
+    def begin_rollout(self, step: int) -> None:
+        """Called before each training rollout with the optimiser step it is sampled at (schedules key on it)."""
+        ...
 
     def bind(self, tokenizer: PreTrainedTokenizerBase, model: nn.Module) -> None:
         """Called once the policy is built and placed, before the first rollout."""

@@ -16,6 +16,9 @@ from envace.worlds.base import ToolReply, ToolRequest
 class RealWorld:
     """Executes calls on a fresh instance of the task's environment class per episode (no rehearse rows)."""
 
+    def begin_rollout(self, step: int) -> None:
+        """Nothing is scheduled."""
+
     def bind(self, tokenizer: PreTrainedTokenizerBase, model: nn.Module) -> None:
         """Nothing to bind: a real world does not generate."""
 
@@ -30,5 +33,6 @@ class RealWorld:
         replies = []
         for req in requests:
             content, _ = req.handle.execute(req.call)
-            replies.append(ToolReply(content=content, ok=True, real=True))
+            replies.append(ToolReply(content=content, ok=True, source="real", real_calls=1,
+                                     real_content=content))
         return replies

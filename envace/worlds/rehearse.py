@@ -33,6 +33,11 @@ class RehearseWorld:
 
     trained = True
 
+    @property
+    def generates_with_policy(self) -> bool:
+        """Each ``respond`` makes one batched generation with the policy's engine (not so for a frozen simulator)."""
+        return self.trained
+
     def __init__(
         self,
         system_prompt: str | None = None,
@@ -45,6 +50,9 @@ class RehearseWorld:
         self.max_prompt_tokens = max_prompt_tokens
         self.all_tools = all_tools
         self.tokenizer: PreTrainedTokenizerBase | None = None
+
+    def begin_rollout(self, step: int) -> None:
+        """Nothing is scheduled."""
 
     def bind(self, tokenizer: PreTrainedTokenizerBase, model: nn.Module) -> None:
         """Keep the tokenizer to render rehearse prompts."""
@@ -94,7 +102,8 @@ class RehearseWorld:
         )
         sample = sample if self.trained else None
         return ToolReply(
-            content=result.content, ok=result.ok, sample=sample, parse_error=not result.ok, truncated=not gen.finished
+            content=result.content, ok=result.ok, sample=sample, parse_error=not result.ok, truncated=not gen.finished,
+            source="rehearse" if self.trained else "frozen",
         )
 
 

@@ -1,5 +1,6 @@
-"""End-to-end ``envace fit`` on the tiny config: it trains, logs the required TensorBoard tags, and in rehearse
-mode makes zero real tool calls while the rehearse role is trained."""
+"""End-to-end ``envace fit`` on the tiny config: it trains, logs the required TensorBoard tags (live fidelity per
+tool and real calls saved among them), counts every real call, and in rehearse mode makes zero real tool calls while
+the rehearse role is trained."""
 
 from __future__ import annotations
 
@@ -90,8 +91,35 @@ def test_fit_tiny_trains_every_tensor_and_logs_the_required_tags(tmp_path: Path,
     for tag in REQUIRED_TAGS:
         assert tag in scalars and len(scalars[tag]) == 2, tag
     assert all(v == v for v in scalars["train/loss"])  # finite, not NaN
-    assert real_call_counter[0] == 0
-    assert scalars["train/real_calls"] == [0.0, 0.0]
+    assert real_call_counter[0] == scalars["train/real_calls_total"][-1] == cli.model.real_calls_total
+
+
+@pytest.mark.slow
+def test_hybrid_tiny_fit_logs_live_fidelity_per_tool_and_real_calls_saved(
+    tmp_path: Path, real_call_counter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bind = EnvACEModule._bind_worlds
+
+    def scripted_act(self: EnvACEModule) -> None:
+        bind(self)
+        self.act_engine = _ToolThenAnswer(self.tokenizer)
+
+    monkeypatch.setattr(EnvACEModule, "_bind_worlds", scripted_act)
+    cli = _fit(tmp_path, "--trainer.max_steps=3", "--model.audit.fraction=1.0")
+    scalars = _scalars(tmp_path)
+    for tag in ("train/fidelity/get_balance/exact_match", "train/fidelity/get_balance/leaf_f1",
+                "train/fidelity/get_balance/key_match", "train/fidelity/exact_match", "train/real_calls_saved",
+                "train/real_calls_saved_total", "train/world_mix_real", "train/world_cache_hit_rate",
+                "train/fidelity_horizon", "train/sim2real_gap", "train/collusion_gap", "train/real_calls_audit"):
+        assert tag in scalars, tag
+    # 8 episodes a step, one call each: what was not answered for real was saved
+    saved, spent = scalars["train/real_calls_saved"], scalars["train/real_calls"]
+    assert all(a + b == 8.0 for a, b in zip(saved, spent)) and sum(saved) > 0
+    assert scalars["train/real_calls_saved_total"][-1] == sum(saved) == cli.model.real_calls_saved_total
+    # every real execution is counted: answers and audit replays
+    assert real_call_counter[0] == sum(spent) + sum(scalars["train/real_calls_audit"])
+    assert real_call_counter[0] == scalars["train/real_calls_total"][-1]
+    assert scalars["train/world_mix_real"][0] == pytest.approx(0.5)  # the curriculum starts half real
 
 
 @pytest.mark.slow
@@ -105,7 +133,8 @@ def test_rehearse_mode_trains_the_rehearse_role_with_zero_real_calls(
         self.act_engine = _ToolThenAnswer(self.tokenizer)
 
     monkeypatch.setattr(EnvACEModule, "_bind_worlds", scripted_act)
-    cli = _fit(tmp_path, "--model.grpo.align_weight=0")
+    cli = _fit(tmp_path, "--model.grpo.align_weight=0", "--model.world=envace.worlds.RehearseWorld",
+               "--model.audit=null", "--model.guard=null")
     scalars = _scalars(tmp_path)
     assert real_call_counter[0] == 0
     assert scalars["train/real_calls"] == [0.0, 0.0]

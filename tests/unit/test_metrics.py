@@ -45,8 +45,9 @@ def episode_a() -> Episode:
 
 def episode_b() -> Episode:
     """2 act turns, 1 call executed by a real environment (no rehearse row), failed, ended by an error."""
-    stats = EpisodeStats(act_turns=2, invalid_arguments=1, real_calls=1, call_limit=True, ended_by_error=True)
-    rehearsals = [Rehearsal(CALL, "{}", True, None, reward=0.0)]
+    stats = EpisodeStats(act_turns=2, invalid_arguments=1, real_calls=1, real_answers=1, call_limit=True,
+                         ended_by_error=True)
+    rehearsals = [Rehearsal(CALL, "{}", True, None, reward=0.0, source="real")]
     return Episode(TASK, 1, [], act_row([SYS, ACT]), rehearsals, [CALL], None, stats, reward=0.0, success=False)
 
 
@@ -67,6 +68,10 @@ def test_exact_rates() -> None:
         "turns_per_episode": 3.0,  # 6 turns / 2 episodes
         "calls_per_episode": 1.5,  # 3 world-answered calls / 2 episodes
         "real_calls": 1.0,
+        "real_calls_saved": 2.0,  # 3 answered calls - 1 real execution
+        "share_real": 1 / 3,  # 1 real answer / 3 answered calls
+        "share_cache": 0.0,
+        "share_rehearse": 2 / 3,  # 2 rehearsed / 3
         "real_calls_per_episode": 0.5,  # 1 real call / 2 episodes
         "turn_limit_rate": 0.5,
         "call_limit_rate": 0.5,

@@ -153,12 +153,12 @@ def test_leaf_f1_hand_values() -> None:
 
 
 def test_prediction_error_shaping() -> None:
-    reference = {A1.key(): '{"account": "A1", "balance": 120}'}
+    real = '{"account": "A1", "balance": 120}'
     shaping = PredictionErrorShaping(coef=0.5)
-    exact = Rehearsal(call=A1, content='{"balance": 120, "account": "A1"}', ok=True)
-    assert shaping(exact, reference) == 0.0
+    exact = Rehearsal(call=A1, content='{"balance": 120, "account": "A1"}', ok=True, real=real)
+    assert shaping(exact) == 0.0
     # one of two leaves right: F1 = 2*1/(2+2) = 0.5 -> -0.5 * (1 - 0.5) = -0.25
-    half = Rehearsal(call=A1, content='{"account": "A1", "balance": 99}', ok=True)
-    assert shaping(half, reference) == pytest.approx(-0.25)
-    assert shaping(Rehearsal(call=B2, content="{}", ok=True), reference) is None  # no recorded response
-    assert shaping(Rehearsal(call=A1, content="not json", ok=False), reference) is None
+    half = Rehearsal(call=A1, content='{"account": "A1", "balance": 99}', ok=True, real=real)
+    assert shaping(half) == pytest.approx(-0.25)
+    assert shaping(Rehearsal(call=B2, content="{}", ok=True)) is None  # the real response is unknown
+    assert shaping(Rehearsal(call=A1, content="not json", ok=False, real=real)) is None

@@ -512,7 +512,7 @@ def test_real_world_executes_calls_on_the_bank(tok):
             '{"account": "A1", "balance": 125}',
             '{"account": "A1", "balance": 125}',
         ]
-        assert ep.stats == EpisodeStats(act_turns=3, real_calls=2)
+        assert ep.stats == EpisodeStats(act_turns=3, real_calls=2, real_answers=2)
         assert [r.sample for r in ep.rehearsals] == [None, None] and ep.samples() == [ep.act]
         assert_act_row(tok, ep, script)
         assert_render(tok, ep, script)
@@ -527,7 +527,7 @@ def test_real_world_reports_tool_errors_as_content(tok):
     assert tool_messages(ep)[0]["content"] == (
         '{"error": "ValueError: insufficient funds in \'B2\': balance 50, requested 51"}'
     )
-    assert ep.stats == EpisodeStats(act_turns=2, real_calls=1)
+    assert ep.stats == EpisodeStats(act_turns=2, real_calls=1, real_answers=1)
     assert_bookkeeping(tok, ep, script)
 
 
@@ -539,7 +539,7 @@ def test_real_world_on_a_builtin_bank_task(tok):
     (ep,), _, rehearse = run(tok, script, tasks=[task], world=world)
     assert tool_messages(ep) == [{"role": "tool", "name": "get_balance", "content": task.reference[1]["content"]}]
     assert task.reference[1]["content"] == '{"account": "F3", "balance": 180}'
-    assert ep.stats == EpisodeStats(act_turns=2, real_calls=1) and rehearse.call_count == 0
+    assert ep.stats == EpisodeStats(act_turns=2, real_calls=1, real_answers=1) and rehearse.call_count == 0
     assert ep.calls == [ToolCall("get_balance", {"account": "F3"})] and ep.final_answer == "180"
     assert_bookkeeping(tok, ep, script)
 

@@ -11,6 +11,7 @@ from envace.data.tasks import load_tasks, resolve_task_path
 from envace.rewards import FormatPenalty, PredictionErrorShaping, TaskSuccess
 from envace.scoring import score_episodes
 from envace.types import Episode, EpisodeStats, Rehearsal, Role, Sample, Task, ToolCall
+from envace.worlds.cache import ResponseCache
 
 
 @cache
@@ -77,20 +78,37 @@ def test_no_rewards_gives_zero_but_success_still_computed() -> None:
 
 def test_prediction_error_shaping() -> None:
     other = ToolCall("get_balance", {"account": "A3"})  # not in bank-0000's reference
-    right = rehearsal(C9, '{"balance": 180.0, "account": "F3"}')  # same leaves, other order and 160.0 == 160
-    wrong = rehearsal(C9, '{"account": "F3", "balance": 150}')
+    right = rehearsal(C9, '{"balance": 180.0, "account": "F3"}')  # same leaves, other order and 180.0 == 180
+    repeated = rehearsal(C9, '{"account": "F3", "balance": 150}')  # after a call: a state the reference never saw
     unrecorded = rehearsal(other, '{"account": "A3", "balance": 1}')
+    ep = episode("bank-train-0000-balance", [C9, C9, other], "180", [right, repeated, unrecorded])
+    wrong = rehearsal(C9, '{"account": "F3", "balance": 150}')
     untrained = rehearsal(C9, '{"account": "F3", "balance": 150}', trained=False)
-    ep = episode("bank-train-0000-balance", [C9, C9, other, C9], "180", [right, wrong, unrecorded, untrained])
-    score_episodes([ep], [TaskSuccess()], PredictionErrorShaping(coef=0.5))
+    ep_wrong = episode("bank-train-0000-balance", [C9], "180", [wrong])
+    ep_untrained = episode("bank-train-0000-balance", [C9], "180", [untrained])
+    score_episodes([ep, ep_wrong, ep_untrained], [TaskSuccess()], PredictionErrorShaping(coef=0.5))
     assert ep.reward == pytest.approx(1.0) and ep.act.reward == pytest.approx(1.0)  # shaping never touches act
     assert right.reward == pytest.approx(1.0)  # leaf F1 = 1: no penalty
-    # leaves {account: C9, balance: 150} vs {account: C9, balance: 160}: 1 common -> F1 = 2*1/(2+2) = 0.5
+    assert repeated.reward == pytest.approx(1.0) and repeated.real is None  # stateful: no recorded response
+    assert unrecorded.reward == pytest.approx(1.0)  # no recorded response: no shaping
+    # leaves {account: F3, balance: 150} vs {account: F3, balance: 180}: 1 common -> F1 = 2*1/(2+2) = 0.5
     # shaping = -0.5 * (1 - 0.5) = -0.25 -> 1.0 - 0.25 = 0.75
     assert wrong.reward == pytest.approx(0.75)
     assert wrong.sample is not None and wrong.sample.reward == pytest.approx(0.75)
-    assert unrecorded.reward == pytest.approx(1.0)  # no recorded response: no shaping
     assert untrained.reward == pytest.approx(0.75) and untrained.sample is None
+
+
+def test_stateless_cache_shapes_repeated_calls_and_a_known_real_response_wins() -> None:
+    first = rehearsal(C9, C9_REAL)
+    repeated = rehearsal(C9, '{"account": "F3", "balance": 150}')
+    ep = episode("bank-train-0000-balance", [C9, C9], "180", [first, repeated])
+    score_episodes([ep], [TaskSuccess()], PredictionErrorShaping(coef=0.5), ResponseCache(stateful=False))
+    assert repeated.real == C9_REAL and repeated.reward == pytest.approx(0.75)  # keyed by the call alone
+    audited = rehearsal(C9, '{"account": "F3", "balance": 150}')
+    audited.real = '{"account": "F3", "balance": 150}'  # e.g. from an audit replay: not overwritten by the reference
+    ep = episode("bank-train-0000-balance", [C9], "180", [audited])
+    score_episodes([ep], [TaskSuccess()], PredictionErrorShaping(coef=0.5))
+    assert audited.reward == pytest.approx(1.0)
 
 
 def test_shaping_matches_calls_canonically_across_a_multi_call_reference() -> None:
