@@ -17,7 +17,8 @@ are counted by the module. Jobs run in ``--workers`` processes (one torch thread
 as JSON under ``--out``, so an interrupted study resumes where it stopped.
 
 Run from the repository root: ``.venv/bin/python benchmarks/controlled_study.py [--seeds 0 1 2] [--workers 2]``.
-It writes a Markdown report (default ``docs/results.md``) and prints it; the last output line is
+It writes its section of a Markdown report (default ``docs/results.md``, between its markers; other sections are
+kept) and prints it; the last output line is
 ``SUMMARY gain=<a minus the larger of d and e> std=<largest seed std of a, d, e> real_calls_rl=<real calls during
 a's RL, all seeds>``.
 """
@@ -55,6 +56,8 @@ ARMS = {
     "e": "SFT continued, same wall-clock as (a)",
 }
 WORLDS = {"a": "envace.worlds.RehearseWorld", "b": "envace.worlds.RealWorld", "c": "envace.worlds.FrozenWorld"}
+SECTION = "controlled_study"
+"""This benchmark's section of the report file."""
 LEVER_PREFIX = "L-"
 """Arm key of a lever (``L-<name>``): a variant of arm (a) with extra overrides."""
 
@@ -347,6 +350,22 @@ def lever_table(settings: Settings, seeds: list[int], cell: Callable[[str, str, 
     return lines
 
 
+def write_section(path: str, name: str, text: str) -> None:
+    """Replace the ``name`` section of the Markdown file ``path`` (between its markers, the rest kept), or append it.
+
+    Each benchmark writes its own section of the shared report (``docs/results.md``).
+    """
+    begin, end = f"<!-- BEGIN {name} -->", f"<!-- END {name} -->"
+    block = f"{begin}\n{text}\n{end}"
+    file = Path(path)
+    old = file.read_text(encoding="utf-8") if file.is_file() else ""
+    if begin in old and end in old:
+        new = old[: old.index(begin)] + block + old[old.index(end) + len(end) :]
+    else:
+        new = (old.rstrip("\n") + "\n\n" if old else "") + block + "\n"
+    file.write_text(new, encoding="utf-8")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Command line."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -379,7 +398,7 @@ def main(argv: list[str] | None = None) -> None:
     results = run_all(plan(settings, args.seeds), args.out, args.workers)
     command = " ".join(["python benchmarks/controlled_study.py", *map(shlex.quote, (argv or sys.argv[1:]))])
     text = report(results, args.seeds, settings, command)
-    Path(args.report).write_text(text + "\n", encoding="utf-8")
+    write_section(args.report, SECTION, text)
     print(text)  # noqa: T201
 
 

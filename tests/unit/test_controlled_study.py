@@ -74,3 +74,58 @@ def test_report_without_levers_has_no_lever_table(study):
     success = {arm: [0.5, 0.6] for arm in "abcde"}
     text = study.report(_results(success), [0, 1], study.Settings("out", 10, 20), "cmd")
     assert "Levers" not in text
+
+
+def test_write_section_replaces_its_own_section_and_keeps_the_rest(study, tmp_path):
+    path = tmp_path / "results.md"
+    study.write_section(str(path), "one", "first")
+    study.write_section(str(path), "two", "second")
+    study.write_section(str(path), "one", "FIRST\nagain")
+    assert path.read_text() == ("<!-- BEGIN one -->\nFIRST\nagain\n<!-- END one -->\n\n"
+                                "<!-- BEGIN two -->\nsecond\n<!-- END two -->\n")
+
+
+@pytest.fixture(scope="module")
+def ablation(study):
+    spec = importlib.util.spec_from_file_location("alignment_ablation", ROOT / "benchmarks" / "alignment_ablation.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_ablation_plan_runs_every_variant_per_seed_from_its_warm_start(ablation, study):
+    settings = study.Settings("out", 10, 20)
+    jobs = {job.key: job for job in ablation.plan(settings, [0, 1], "--model.init_args.world={}", 5, 0.25)}
+    assert len(jobs) == 2 + 4 * 2 * 2  # warm starts, then train + test per variant and seed
+    assert jobs["abl-s1-ApSm"].needs == ("s1-warm",) and jobs["abl-s1-ApSm"].args[2] == "A+S-"
+    assert jobs["abl-s1-ApSm-test"].needs == ("abl-s1-ApSm",)
+    assert ablation.VARIANTS["A-S+"] == ("--model.init_args.grpo.align_weight=0.0",
+                                        "--model.init_args.shaping.init_args.coef=0.5")
+    world = ablation.hybrid_world(0.2, 0.1, 0.7)
+    assert world.startswith("--model.init_args.world=") and '"real": 0.2' in world
+
+
+def test_ablation_report_pools_shaping_and_reads_the_curves(ablation, study):
+    fidelity = {"A+S+": [0.4, 0.6], "A+S-": [0.3, 0.5], "A-S+": [0.2, 0.2], "A-S-": [0.1, 0.3]}
+    success = {"A+S+": [0.9, 0.9], "A+S-": [0.8, 1.0], "A-S+": [0.7, 0.9], "A-S-": [0.8, 0.8]}
+    results = {}
+    for variant in ablation.VARIANTS:
+        for seed in (0, 1):
+            key = ablation.variant_key(seed, variant)
+            results[f"{key}-test"] = {"success_act": success[variant][seed],
+                                      "fidelity_exact_match": fidelity[variant][seed], "fidelity_leaf_f1": 0.5}
+            results[key] = {"seconds": 60.0, "real_calls": 10.0, "real_calls_saved": 30.0, "curves": {
+                "val/fidelity_exact_match": [(5, 0.1 * (seed + 1)), (10, 0.2 * (seed + 1))],
+                "train/fidelity/exact_match": [(0, 0.0), (1, 1.0), (5, 0.5)],
+                "train/fidelity_horizon": [(9, 1.5)], "train/sim2real_gap": [(9, 0.0)]}}
+    text, summary = ablation.report(results, [0, 1], study.Settings("out", 10, 20), "cmd", 5)
+    # on: (0.4 + 0.6 + 0.3 + 0.5) / 4 = 0.45; off: (0.2 + 0.2 + 0.1 + 0.3) / 4 = 0.2
+    # success on: (0.9 + 0.9 + 0.8 + 1.0) / 4 = 0.9; off: (0.7 + 0.9 + 0.8 + 0.8) / 4 = 0.8
+    assert summary == "SUMMARY fidelity_on=0.450 fidelity_off=0.200 success_on=0.900 success_off=0.800"
+    row = next(line for line in text.splitlines() if line.startswith("| A+S- |") and "±" in line)
+    cells = [c.strip() for c in row.split("|")[1:-1]]
+    assert cells[1:3] == ["on", "off"] and cells[3].startswith("0.900 ± 0.141") and cells[6:8] == ["20", "60"]
+    # val curve at steps 5 and 10: means over seeds (0.1 + 0.2) / 2 and (0.2 + 0.4) / 2
+    assert "| A-S- | 0.150 | 0.300 |" in text
+    # live EM by quarters of 10 steps (windows of 2): steps 0-1 -> mean(0, 1) = 0.5; 4-5 -> 0.5; horizon 1.5
+    assert "| A+S+ | 0.500 | nan | 0.500 | nan | 1.500 | 0.000 |" in text
