@@ -81,7 +81,9 @@ def train(settings: Settings, seed: int, variant: str, world: str, val_every: in
         f"--seed_everything={seed}", f"--model.policy.init_args.name_or_path={settings.out}/seed{seed}/warm/policy",
         f"--trainer.max_steps={settings.rl_steps}", world, f"--model.init_args.audit.fraction={audit}",
         f"--trainer.val_check_interval={val_every}", "--data.val_tasks=builtin:bank-val:64",
-        "--model.init_args.eval_imagined=false", *settings.extra_rl, *VARIANTS[variant],
+        "--trainer.log_every_n_steps=1",  # a point per step for the live fidelity curves
+        "--model.init_args.eval_imagined=false", "--model.init_args.fidelity_gate=null",  # as the study's arms
+        *settings.extra_rl, *VARIANTS[variant],
     ])
     return {"seconds": stage.seconds, "policy": stage.export_dir, "curves": curves(root),
             "real_calls": stage.metrics.get("train/real_calls_total", float("nan")),
