@@ -5,7 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import transformers.modeling_utils
 from torch import Tensor, nn
+
+MASK_LOGITS_TO_KEEP = hasattr(transformers.modeling_utils, "slice_logits_to_keep")
+"""This transformers release accepts a boolean 2-D ``logits_to_keep`` (older ones take an int or 1-D indices only)."""
 
 
 def token_logps(
@@ -20,8 +24,9 @@ def token_logps(
     """Log-probs of each token given its prefix, under the sampling temperature of its row.
 
     Args:
-        model: a causal LM returning ``.logits``; with ``positions`` it must accept a boolean 2-D
-            ``logits_to_keep`` (every transformers causal LM does).
+        model: a causal LM returning ``.logits``. With ``positions``, a boolean 2-D ``logits_to_keep`` is passed
+            where the installed transformers supports it (``MASK_LOGITS_TO_KEEP``); otherwise, or when the model
+            returns every position anyway, the kept positions are selected from the full logits.
         input_ids: right-padded rows.  # [N, T]
         attention_mask: 1 on real tokens.  # [N, T]
         temperatures: per-row sampling temperature; logits are divided by it so that the log-probs are those of
@@ -40,7 +45,7 @@ def token_logps(
         valid = attention_mask[:, 1:].bool()  # [N, T-1]
         return _scores(logits, input_ids[:, 1:], valid, temperatures, with_entropy, _shift_right)
     keep = nn.functional.pad(positions[:, 1:].bool() & attention_mask[:, 1:].bool(), (0, 1))  # [N, T]: predicts t+1
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep).logits.float()  # [K, V]
+    logits = _kept_logits(model, input_ids, attention_mask, keep).float()  # [K, V]
     targets = input_ids[:, 1:][keep[:, :-1]]  # [K]
     rows = torch.nonzero(keep[:, :-1], as_tuple=True)[0]  # [K]
 
@@ -51,6 +56,14 @@ def token_logps(
 
     row_temps = temperatures[rows] if temperatures is not None else None
     return _scores(logits, targets, None, row_temps, with_entropy, scatter)
+
+
+def _kept_logits(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, keep: Tensor) -> Tensor:
+    """The logits of the ``keep`` positions only, in row-major order ([K, V])."""
+    if MASK_LOGITS_TO_KEEP:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep).logits
+        return logits[keep] if logits.dim() == 3 else logits  # a model that ignores the mask computes every position
+    return model(input_ids=input_ids, attention_mask=attention_mask).logits[keep]
 
 
 def _shift_right(x: Tensor) -> Tensor:

@@ -135,8 +135,14 @@ def test_gradient_through_temperature() -> None:
     assert torch.count_nonzero(grad[0, 1:]) == 0
 
 
-def test_positions_path_equals_the_full_path_on_a_real_model(tiny_tokenizer) -> None:
+@pytest.mark.parametrize("mask_keep", [True, False], ids=["mask-logits-to-keep", "older-transformers"])
+def test_positions_path_equals_the_full_path_on_a_real_model(tiny_tokenizer, mask_keep, monkeypatch) -> None:
+    from envace import logprobs
     from envace.policy.tiny import build_model
+
+    if mask_keep and not logprobs.MASK_LOGITS_TO_KEEP:
+        pytest.skip("this transformers release has no boolean 2-D logits_to_keep")
+    monkeypatch.setattr(logprobs, "MASK_LOGITS_TO_KEEP", mask_keep)  # False: the path of older releases
 
     model = build_model(tiny_tokenizer, hidden=32, layers=1, seed=3)
     ids = torch.tensor([[5, 6, 7, 8, 9, 10], [11, 12, 13, 0, 0, 0]])
