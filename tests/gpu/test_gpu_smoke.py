@@ -8,8 +8,10 @@ from unittest import mock
 
 import pytest
 import torch
+from lightning.pytorch import Callback
 
 from envace.cli import cli_main as main
+from envace.module import EnvACEModule
 
 pytestmark = [
     pytest.mark.gpu,
@@ -18,11 +20,26 @@ pytestmark = [
 TINY = str(Path(__file__).parents[2] / "lit_configs" / "tiny.yaml")
 
 
+class _TrainingDevice(Callback):
+    """Records where the policy's weights are while it trains (Lightning moves the module back to the CPU after
+    ``fit``)."""
+
+    def __init__(self) -> None:
+        self.devices: list[torch.device] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # noqa: D102
+        self.devices.append(next(pl_module.model.parameters()).device)
+
+
 def test_tiny_fit_on_one_gpu(tmp_path: Path) -> None:
+    # the tiny config's HybridWorld (real, cached and rehearsed answers, live probes, audits) on one GPU in bf16
     args = ["fit", "--config", TINY, "--trainer.accelerator=gpu", "--trainer.precision=bf16-mixed",
             "--trainer.max_steps=2", "--trainer.limit_val_batches=0", "--trainer.logger=false",
             f"--trainer.default_root_dir={tmp_path}"]
-    with mock.patch.object(sys, "argv", ["envace"]):
+    device = _TrainingDevice()
+    with mock.patch.object(sys, "argv", ["envace"]), mock.patch.object(
+        EnvACEModule, "configure_callbacks", lambda self: [device], create=True
+    ):
         cli = main(args)
-    assert next(cli.model.model.parameters()).is_cuda
+    assert device.devices and all(d.type == "cuda" for d in device.devices)
     assert cli.trainer.global_step == 2
