@@ -2,7 +2,9 @@
 
 For each batch of evaluation tasks it runs greedy episodes in the evaluation world (``RealWorld`` to measure real
 success), optionally a second set in the policy's own rehearsed world (the "imagined" success, logged next to the
-real one: a rising imagined success with a flat real one is the signature of a gamed world model), and optionally
+real one: a rising imagined success with a flat real one is the signature of a gamed world model; the imagined
+episodes are also replayed in the real environment, giving their free-running fidelity horizon and sim-to-real gap,
+``envace.audit``), and optionally
 the teacher-forced rehearsal fidelity of the tasks' reference calls. Means are torchmetrics metrics, so they are
 summed over ranks and logged once per epoch.
 """
@@ -17,6 +19,7 @@ import torch
 from torch import nn
 from torchmetrics import MeanMetric, MetricCollection
 
+from envace.audit import replay, sim_to_real
 from envace.fidelity import RehearsalFidelity, reference_probes, rehearse_probes
 from envace.metrics import ROLLOUT_METRICS, rollout_metrics
 from envace.policy.hf import adapter_context
@@ -29,6 +32,8 @@ from envace.worlds.base import World
 from envace.worlds.rehearse import RehearseWorld
 
 SPLITS = ("val", "test")
+REPLAY_METRICS = ("imagined_horizon", "imagined_departed_rate", "sim2real_gap")
+"""Logged from the real replay of the imagined episodes (with ``imagined``)."""
 
 
 def policy_engine(module: L.LightningModule, model: nn.Module, tokenizer: Any, rollout: RolloutConfig,
@@ -79,6 +84,9 @@ class PolicyEvaluator(nn.Module):
             {split: MetricCollection({k: MeanMetric() for k in ROLLOUT_METRICS}) for split in SPLITS}
         )
         self.imagined = nn.ModuleDict({split: MeanMetric() for split in SPLITS})
+        self.replayed = nn.ModuleDict(
+            {split: MetricCollection({k: MeanMetric() for k in REPLAY_METRICS}) for split in SPLITS}
+        )
         self.fidelity = nn.ModuleDict({split: RehearsalFidelity() for split in SPLITS})
         self.last_episodes: list[Episode] = []
 
@@ -102,8 +110,26 @@ class PolicyEvaluator(nn.Module):
                 success = sum(float(e.success) for e in imagined) / len(imagined) if imagined else 0.0
                 self.imagined[prefix].update(torch.tensor(success), weight=len(imagined))
                 module.log(f"{prefix}/imagined_success", self.imagined[prefix], on_step=False, on_epoch=True)
+                self._replay(module, imagined, prefix)
             if self.with_fidelity:
                 self._fidelity(module, tasks, prefix, rehearse, tokenizer)
+
+    def _replay(self, module: L.LightningModule, imagined: list[Episode], prefix: str) -> None:
+        """Replay the imagined episodes' actions in the real environment: fidelity horizon and sim-to-real gap."""
+        audited = [e for e in imagined if e.task.environment is not None and e.rehearsals]
+        for episode in audited:
+            replay(episode)
+        gaps = [sim_to_real(e, self.rewards) for e in audited]
+        values = {
+            "imagined_horizon": [float(e.audit.horizon) for e in audited],
+            "imagined_departed_rate": [float(e.audit.departed) for e in audited],
+            "sim2real_gap": gaps,
+        }
+        metrics = self.replayed[prefix]
+        for key, vals in values.items():
+            mean = sum(vals) / len(vals) if vals else 0.0
+            metrics[key].update(torch.tensor(mean), weight=len(vals))  # weight 0: no episode to replay
+            module.log(f"{prefix}/{key}", metrics[key], on_step=False, on_epoch=True)
 
     def _fidelity(self, module: L.LightningModule, tasks: list[Task], prefix: str, rehearse: HFEngine,
                   tokenizer: Any) -> None:

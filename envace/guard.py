@@ -15,7 +15,7 @@ sliding window, and raises the alarm when its mean exceeds ``margin``. Its respo
 from __future__ import annotations
 
 from collections import deque
-from typing import Literal
+from typing import Any, Literal
 
 from lightning.pytorch.utilities import rank_zero_warn
 
@@ -58,6 +58,18 @@ class CollusionGuard:
         self.alarm = False
         self.alarms = 0  # times the alarm went on
         self._fresh = 0  # gaps observed since the last ``ground`` response
+
+    def state_dict(self) -> dict[str, Any]:
+        """The window and the alarm, for checkpoints."""
+        return {"gaps": list(self.gaps), "alarm": self.alarm, "alarms": self.alarms, "fresh": self._fresh}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore ``state_dict``'s output (the window keeps its configured size)."""
+        self.gaps.clear()
+        self.gaps.extend(float(g) for g in state.get("gaps", []))
+        self.alarm = bool(state.get("alarm", False))
+        self.alarms = int(state.get("alarms", 0))
+        self._fresh = int(state.get("fresh", 0))
 
     @property
     def gap(self) -> float:

@@ -273,11 +273,14 @@ class EnvACEModule(PolicyModule):
         return int(total.item())
 
     def on_fit_start(self) -> None:
-        """Check the fidelity gate before the first rollout."""
+        """Declare the live fidelity metric of every training tool, then check the fidelity gate."""
         super().on_fit_start()
+        datamodule = self.trainer.datamodule
+        train = getattr(datamodule, "tasks", {}).get("train") or []
+        # every rank declares the same tools, in the same order: each metric's compute is a collective
+        self.quality.live.declare(sorted({spec["function"]["name"] for task in train for spec in task.tools}))
         if self.fidelity_gate is None:
             return
-        datamodule = self.trainer.datamodule
         tasks = getattr(datamodule, "tasks", {}).get("val") or getattr(datamodule, "tasks", {}).get("train") or []
         self._bind_worlds()
         probes = reference_probes(tasks)
@@ -297,14 +300,16 @@ class EnvACEModule(PolicyModule):
             )
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Keep the run's real-call count across resumes."""
+        """Keep the run's real-call counts, the collusion guard's window and the world's grounding across resumes."""
         checkpoint["envace_real_calls_total"] = self.real_calls_total
         checkpoint["envace_real_calls_saved_total"] = self.real_calls_saved_total
+        checkpoint["envace_world_quality"] = self.quality.state_dict_extra()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Restore the run's real-call count."""
+        """Restore what ``on_save_checkpoint`` kept."""
         self.real_calls_total = int(checkpoint.get("envace_real_calls_total", 0))
         self.real_calls_saved_total = int(checkpoint.get("envace_real_calls_saved_total", 0))
+        self.quality.load_state_dict_extra(checkpoint.get("envace_world_quality", {}))
 
     def _budget_spent(self) -> bool:
         """``trainer.max_steps`` counts optimiser steps; stop mid-rollout rather than overshoot it."""

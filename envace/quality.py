@@ -109,6 +109,19 @@ class WorldQuality(nn.Module):
         return {"collusion_gap": self.guard.gap, "collusion_alarm": float(self.guard.alarm),
                 "collusion_penalized": float(penalized)}
 
+    def state_dict_extra(self) -> dict[str, Any]:
+        """What a resumed run needs: the guard's window and alarm, and the hybrid world's grounding boost."""
+        return {"guard": self.guard.state_dict() if self.guard is not None else None,
+                "world_boost": float(getattr(self.world, "boost", 0.0)), "audited_total": self.audited_total}
+
+    def load_state_dict_extra(self, state: dict[str, Any]) -> None:
+        """Restore ``state_dict_extra``'s output."""
+        if self.guard is not None and state.get("guard") is not None:
+            self.guard.load_state_dict(state["guard"])
+        if hasattr(self.world, "boost"):
+            self.world.boost = float(state.get("world_boost", 0.0))  # type: ignore[attr-defined]
+        self.audited_total = int(state.get("audited_total", 0))
+
     def fidelity_logs(self) -> dict[str, float]:
         """The live fidelity since the last call (synced over ranks), keyed ``<metric>`` and ``<tool>/<metric>``."""
         return self.live.compute_and_reset()

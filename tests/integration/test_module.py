@@ -146,6 +146,18 @@ def test_real_world_baseline_executes_every_call(tmp_path: Path, scripted_act: N
 
 
 @pytest.mark.slow
+def test_imagined_episodes_are_replayed_in_the_real_world(tmp_path: Path, scripted_act: None) -> None:
+    # every imagined episode rehearses one get_balance(A1) and answers "120": its replay gives the horizon (0 if the
+    # random rehearser got the balance wrong, 1 if not) and the gap (TaskSuccess reads no response: 0)
+    cli = _run(tmp_path, "test", "--trainer.limit_test_batches=1", "--data.test_tasks=builtin:bank-test:8",
+               "--model.rollout.rehearse_max_new_tokens=8")
+    metrics = {k: float(v) for k, v in cli.trainer.callback_metrics.items()}
+    assert 0.0 <= metrics["test/imagined_horizon"] <= 1.0
+    assert metrics["test/imagined_departed_rate"] == pytest.approx(1.0 - metrics["test/imagined_horizon"])
+    assert metrics["test/sim2real_gap"] == 0.0
+
+
+@pytest.mark.slow
 def test_qlora_4bit_policy_trains_on_cpu(tmp_path: Path, tiny_dir: str) -> None:
     # bitsandbytes NF4 base + LoRA: generate (eval mode) then train on the same model, the trap packages.md warns of.
     cli = _run(

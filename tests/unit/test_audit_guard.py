@@ -172,3 +172,21 @@ def test_guard_window_mean_and_min_episodes() -> None:
     assert not guard.observe([0.0, 0.0, 0.0])  # window [0, 0, 0, 0] after sliding: mean 0
     assert guard.gap == 0.0 and guard.alarms == 1
     assert json.dumps(guard.gap) == "0.0"
+
+
+def test_guard_and_grounding_survive_a_checkpoint() -> None:
+    world = HybridWorld(MixSchedule(Mix(), Mix()), probe=False)
+    guard = CollusionGuard(margin=0.1, action="ground", window=4, min_episodes=2)
+    quality = WorldQuality(world, WorldAudit(), guard)
+    with pytest.warns(UserWarning):
+        guard.observe([1.0, 1.0])
+    world.ground(0.3)
+    saved = json.loads(json.dumps(quality.state_dict_extra()))  # checkpoints hold plain data
+    fresh_world = HybridWorld(MixSchedule(Mix(), Mix()), probe=False)
+    fresh = WorldQuality(fresh_world, WorldAudit(), CollusionGuard(margin=0.1, action="ground", window=4,
+                                                                     min_episodes=2))
+    fresh.load_state_dict_extra(saved)
+    assert list(fresh.guard.gaps) == [1.0, 1.0] and fresh.guard.alarm and fresh.guard.alarms == 1
+    assert fresh_world.mix.probabilities()["real"] == pytest.approx(0.3)
+    fresh.load_state_dict_extra({})  # a checkpoint from before these existed
+    assert fresh_world.boost == 0.0

@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 from helpers import ScriptedEngine
+from hypothesis import given
+from hypothesis import strategies as st
 from test_runner import CALL_A1, TASK, call_text, result_text, tool_messages
 
 from envace.data.tasks import load_tasks, resolve_task_path
@@ -56,6 +58,23 @@ def test_mix_probabilities_ramp_and_grounding() -> None:
     assert grounded == pytest.approx({"real": 0.2, "cache": 0.6, "rehearse": 0.2})
     assert Mix().grounded(0.3).probabilities() == pytest.approx({"real": 0.3, "cache": 0.0, "rehearse": 0.7})
     assert Mix().grounded(5.0).probabilities()["rehearse"] == 0.0  # never below 0
+
+
+weights = st.floats(min_value=0, max_value=10, allow_nan=False)
+
+
+@given(weights, weights, weights, weights, weights, weights, st.floats(0, 1), st.floats(0, 2))
+def test_mixes_stay_distributions(r1, c1, h1, r2, c2, h2, t, boost) -> None:
+    if r1 + c1 + h1 <= 0 or r2 + c2 + h2 <= 0:
+        return
+    a, b = Mix(r1, c1, h1), Mix(r2, c2, h2)
+    for mix in (a.toward(b, t), a.grounded(boost), a.toward(b, t).grounded(boost)):
+        p = mix.probabilities()
+        assert sum(p.values()) == pytest.approx(1.0) and min(p.values()) >= -1e-12
+    # grounding never lowers the real or cache share, and moves at most ``boost``
+    g, q = a.grounded(boost).probabilities(), a.probabilities()
+    assert g["real"] >= q["real"] - 1e-12 and g["cache"] >= q["cache"] - 1e-12
+    assert q["rehearse"] - g["rehearse"] <= boost + 1e-9
 
 
 @pytest.mark.parametrize(
