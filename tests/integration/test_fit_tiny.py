@@ -15,10 +15,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from envace.cli import cli_main as main
 from envace.envs.real import RealEnvironment
-from envace.module import EnvACEModule
 from envace.policy import TinyPolicy
-from envace.policy.chat import encode
-from envace.rollout.engine import Generation, SamplingParams
 
 TINY = str(Path(__file__).parents[2] / "lit_configs" / "tiny.yaml")
 REQUIRED_TAGS = [
@@ -30,26 +27,6 @@ REQUIRED_TAGS = [
     "train/parse_error_rate_act",
     "train/parse_error_rate_rehearse",
 ]
-
-
-class _ToolThenAnswer:
-    """An act engine that calls ``get_balance`` on a first turn and answers after a tool response."""
-
-    def __init__(self, tokenizer) -> None:
-        self.tokenizer = tokenizer
-        self.generated_tokens = 0
-        call = '<tool_call>\n{"name": "get_balance", "arguments": {"account": "A1"}}\n</tool_call>'
-        self.call = encode(tokenizer, call)
-        self.answer = encode(tokenizer, "120")
-        self.response_marker = encode(tokenizer, "<tool_response>")[0]
-
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
-        out = []
-        for p in prompts:
-            ids = (self.answer if self.response_marker in p else self.call) + [self.tokenizer.eos_token_id]
-            out.append(Generation(ids, True))
-        self.generated_tokens += sum(len(g.token_ids) for g in out)
-        return out
 
 
 def _fit(tmp_path: Path, *extra: str):
@@ -96,15 +73,8 @@ def test_fit_tiny_trains_every_tensor_and_logs_the_required_tags(tmp_path: Path,
 
 @pytest.mark.slow
 def test_hybrid_tiny_fit_logs_live_fidelity_per_tool_and_real_calls_saved(
-    tmp_path: Path, real_call_counter, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, real_call_counter, scripted_act: None
 ) -> None:
-    bind = EnvACEModule._bind_worlds
-
-    def scripted_act(self: EnvACEModule) -> None:
-        bind(self)
-        self.act_engine = _ToolThenAnswer(self.tokenizer)
-
-    monkeypatch.setattr(EnvACEModule, "_bind_worlds", scripted_act)
     cli = _fit(tmp_path, "--trainer.max_steps=3", "--model.audit.fraction=1.0")
     scalars = _scalars(tmp_path)
     for tag in ("train/fidelity/get_balance/exact_match", "train/fidelity/get_balance/leaf_f1",
@@ -124,15 +94,8 @@ def test_hybrid_tiny_fit_logs_live_fidelity_per_tool_and_real_calls_saved(
 
 @pytest.mark.slow
 def test_rehearse_mode_trains_the_rehearse_role_with_zero_real_calls(
-    tmp_path: Path, real_call_counter, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, real_call_counter, scripted_act: None
 ) -> None:
-    bind = EnvACEModule._bind_worlds
-
-    def scripted_act(self: EnvACEModule) -> None:
-        bind(self)
-        self.act_engine = _ToolThenAnswer(self.tokenizer)
-
-    monkeypatch.setattr(EnvACEModule, "_bind_worlds", scripted_act)
     cli = _fit(tmp_path, "--model.grpo.align_weight=0", "--model.world=envace.worlds.RehearseWorld",
                "--model.audit=null", "--model.guard=null")
     scalars = _scalars(tmp_path)

@@ -15,7 +15,7 @@ from envace.module import EnvACEModule
 from envace.policy import TinyPolicy
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_fit_tiny import _scalars, _ToolThenAnswer  # noqa: E402
+from test_fit_tiny import _scalars  # noqa: E402
 
 TINY = str(Path(__file__).parents[2] / "lit_configs" / "tiny.yaml")
 LORA = '{"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}'
@@ -28,18 +28,6 @@ def _run(tmp_path: Path, command: str, *extra: str):
         args += ["--trainer.limit_val_batches=0"]
     with mock.patch.object(sys, "argv", ["envace"]):
         return main(args)
-
-
-@pytest.fixture
-def scripted_act(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every episode calls get_balance once, then answers: identical act rows, so act advantages are all zero."""
-    bind = EnvACEModule._bind_worlds
-
-    def bind_scripted(self: EnvACEModule) -> None:
-        bind(self)
-        self.act_engine = _ToolThenAnswer(self.tokenizer)
-
-    monkeypatch.setattr(EnvACEModule, "_bind_worlds", bind_scripted)
 
 
 def _lora(model: torch.nn.Module, adapter: str) -> dict[str, torch.Tensor]:
