@@ -31,8 +31,10 @@ class ToolThenAnswer:
 
 @pytest.fixture
 def scripted_act(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every episode calls get_balance(A1) once, then answers "120": identical act rows, so act advantages are all
-    zero (``ToolThenAnswer``)."""
+    """Every episode calls get_balance(A1) once, then answers "120" (``ToolThenAnswer``).
+
+    The act rows are identical, so act advantages are all zero.
+    """
     bind = EnvACEModule._bind_worlds
 
     def bind_scripted(self: EnvACEModule) -> None:
