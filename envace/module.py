@@ -118,6 +118,7 @@ class EnvACEModule(PolicyModule):
         self.configure_export(export_dir, export_best)
         self.real_calls_total = 0  # real tool calls spent by training rollouts, over the whole run (resumes included)
         self.real_calls_saved_total = 0  # calls answered without a real execution, over the whole run
+        self._live_steps = 0  # training steps since live fidelity was last logged
         self.automatic_optimization = False
         self.policy = policy
         self.world = world if world is not None else RehearseWorld()
@@ -263,8 +264,25 @@ class EnvACEModule(PolicyModule):
         # Averaged over ranks (counts such as real_calls are per-rank means); every rank logs the same keys.
         self.log_dict({f"train/{k}": float(v) for k, v in metrics.items()}, batch_size=len(batch.episodes),
                       sync_dist=self.trainer.world_size > 1)
-        live = self.quality.fidelity_logs()  # already reduced over ranks
-        self.log_dict({f"train/fidelity/{k}": v for k, v in live.items()}, batch_size=len(batch.episodes))
+        self._log_live_fidelity()
+
+    def _log_live_fidelity(self) -> None:
+        """Every ``log_every_n_steps`` training steps, the live fidelity of the probes since the last time.
+
+        Written to the loggers directly, and only for the tools that had probes: ``self.log`` would repeat a tool's
+        last value on the steps without one.
+        """
+        self._live_steps += 1
+        if self._live_steps < self.trainer.log_every_n_steps:
+            return
+        self._live_steps = 0
+        live = self.quality.fidelity_logs()  # a collective on several ranks: every rank calls it at the same step
+        if not live:
+            return
+        # the step Lightning logs this batch's metrics at (its count of batches that stepped)
+        step = getattr(self.trainer.fit_loop.epoch_loop, "_batches_that_stepped", self.global_step)
+        for logger in self.loggers:
+            logger.log_metrics({f"train/fidelity/{k}": v for k, v in live.items()}, step=step)
 
     def _sum_over_ranks(self, count: int) -> int:
         if self.trainer.world_size == 1:
