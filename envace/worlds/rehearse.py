@@ -110,8 +110,10 @@ class RehearseWorld:
 def alignment_prompter(world: World) -> RehearseWorld:
     """A rehearse prompter for the policy's alignment rows, with the world's prompt settings.
 
-    Never the world itself: a frozen simulator is bound to its own tokenizer and must stay so.
+    Never the world itself: a frozen simulator is bound to its own tokenizer and must stay so. A world that wraps a
+    rehearse backend (``HybridWorld``) lends that backend's settings.
     """
+    world = getattr(world, "rehearse", world)
     if isinstance(world, RehearseWorld):
         return RehearseWorld(world.system_prompt, world.show_act_reasoning, world.max_prompt_tokens, world.all_tools)
     return RehearseWorld()

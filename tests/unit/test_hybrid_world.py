@@ -231,3 +231,13 @@ def test_right_keys_with_wrong_values(tok) -> None:
     out = probed(tok, [{"account": "Z9", "balance": -1}] * 3)
     assert out["key_match"] == 1.0 and out["exact_match"] == 0.0 and out["leaf_f1"] == 0.0
     assert LiveFidelity().compute_and_reset() == {}  # no probes: nothing to report
+
+
+def test_the_policys_prompter_keeps_the_hybrid_worlds_rehearse_settings() -> None:
+    from envace.worlds import RehearseWorld
+    from envace.worlds.rehearse import alignment_prompter
+
+    world = HybridWorld(rehearse=RehearseWorld(max_prompt_tokens=123, all_tools=True))
+    prompter = alignment_prompter(world)
+    assert (prompter.max_prompt_tokens, prompter.all_tools) == (123, True) and prompter is not world.rehearse
+    assert world.prompter.max_prompt_tokens == 123
