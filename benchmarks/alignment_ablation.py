@@ -203,6 +203,20 @@ def report(results: dict[str, dict[str, Any]], seeds: list[int], settings: Setti
         lines.append(f"| {variant} | " + " | ".join(cells) + " |")
     on = [v for v in VARIANTS if v.startswith("A+")]
     off = [v for v in VARIANTS if v.startswith("A-")]
+    lines += [
+        "",
+        "The alignment term's effect, paired: each (seed, shaping setting) with the term on minus the same seed and "
+        "shaping setting with it off:",
+        "",
+        "| metric (test) | paired gain, mean ± std | positive pairs |",
+        "|---|---|---|",
+    ]
+    for key, title in (("success_act", "real success"), ("fidelity_exact_match", "fidelity EM"),
+                       ("fidelity_leaf_f1", "fidelity leaf F1")):
+        gains = [a - b for v_on, v_off in zip(on, off) for a, b in zip(final(v_on, key), final(v_off, key))]
+        std = statistics.stdev(gains) if len(gains) > 1 else 0.0
+        lines.append(f"| {title} | {statistics.fmean(gains):+.3f} ± {std:.3f} | "
+                     f"{sum(g > 0 for g in gains)} of {len(gains)} |")
 
     def pooled(variants: list[str], key: str) -> float:
         return statistics.fmean(x for v in variants for x in final(v, key))

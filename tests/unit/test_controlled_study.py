@@ -129,3 +129,7 @@ def test_ablation_report_pools_shaping_and_reads_the_curves(ablation, study):
     assert "| A-S- | 0.150 | 0.300 |" in text
     # live EM by quarters of 10 steps (windows of 2): steps 0-1 -> mean(0, 1) = 0.5; 4-5 -> 0.5; horizon 1.5
     assert "| A+S+ | 0.500 | nan | 0.500 | nan | 1.500 | 0.000 |" in text
+    # paired (on - off) per (shaping, seed): A+S+ - A-S+ = +0.2, +0.4; A+S- - A-S- = +0.2, +0.2 -> +0.25 +- 0.1
+    assert "| fidelity EM | +0.250 ± 0.100 | 4 of 4 |" in text
+    # success: 0.9-0.7, 0.9-0.9, 0.8-0.8, 1.0-0.8 = +0.2, 0, 0, +0.2 -> +0.1 +- 0.115, 2 positive
+    assert "| real success | +0.100 ± 0.115 | 2 of 4 |" in text
