@@ -1,0 +1,88 @@
+"""BFCL-v4 multi-turn: safe call parsing, the executor against BFCL's own, and gold replays through BFCL's checker."""
+
+from __future__ import annotations
+
+import pytest
+
+from envace.benchmarks.bfcl import (
+    MULTI_TURN,
+    BFCLEnvironment,
+    PyCall,
+    UnsafeCallError,
+    canonical_call,
+    check_multi_turn,
+    gold_calls,
+    load_multi_turn,
+    parse_calls,
+)
+
+
+def test_parse_calls_reads_bfcl_syntax() -> None:
+    assert parse_calls("[cd(folder='document'), sort('final_report.pdf')]") == [
+        PyCall("cd", (), (("folder", "document"),)), PyCall("sort", ("final_report.pdf",), ())]
+    assert parse_calls("f(x=[1, 2.5], y={'a': None}, z=-3)") == [
+        PyCall("f", (), (("x", [1, 2.5]), ("y", {"a": None}), ("z", -3)))]
+    call = parse_calls("mv(source='a b.pdf', destination='temp')")[0]
+    assert canonical_call(call) == "mv(source='a b.pdf', destination='temp')"
+    assert parse_calls(canonical_call(call)) == [call]  # canonical form round-trips
+
+
+@pytest.mark.parametrize("text", [
+    "__import__('os').system('echo pwned')",  # an attribute call
+    "os.system('x')",
+    "f(x=g())",  # a call in an argument
+    "f(x=open('/etc/passwd').read())",
+    "f(**{'a': 1})",
+    "f(*[1])",
+    "f(x=y)",  # a name, not a literal
+    "lambda: 0",
+    "f(",
+])
+def test_parse_calls_refuses_anything_but_literal_calls(text: str) -> None:
+    with pytest.raises(UnsafeCallError):
+        parse_calls(text)
+
+
+def test_unknown_categories_and_ids_list_the_valid_ones() -> None:
+    with pytest.raises(ValueError, match="valid: multi_turn_base, multi_turn_miss_func"):
+        load_multi_turn("multi_turn_composite")
+    with pytest.raises(ValueError, match=r"unknown multi_turn_base id\(s\) \['multi_turn_base_999'\].*_199"):
+        load_multi_turn("multi_turn_base", ids=["multi_turn_base_999"])
+
+
+@pytest.mark.parametrize("category", MULTI_TURN)
+def test_gold_replay_is_valid_for_bfcls_checker(category: str) -> None:
+    entries = load_multi_turn(category, limit=10)
+    assert len(entries) == 10
+    for entry in entries:
+        assert check_multi_turn(entry, gold_calls(entry))["valid"], entry.id
+
+
+def test_checker_rejects_a_rollout_missing_a_call() -> None:
+    (entry,) = load_multi_turn("multi_turn_base", ids=["multi_turn_base_0"])
+    calls = gold_calls(entry)
+    calls[0][0] = calls[0][0][1:]  # skip the first gold call (cd into 'document')
+    verdict = check_multi_turn(entry, calls)
+    assert not verdict["valid"] and verdict["error_type"].startswith("multi_turn:")
+    calls = gold_calls(entry)
+    calls[1] = []  # no call at all in a turn that needs some
+    assert check_multi_turn(entry, calls)["error_type"] == "multi_turn:empty_turn_model_response"
+
+
+def test_executor_matches_bfcls_on_gold_calls_and_instances_are_fresh() -> None:
+    from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils import execute_multi_turn_func_call
+
+    for category in MULTI_TURN:
+        for entry in load_multi_turn(category, limit=5):
+            ours = BFCLEnvironment(entry)
+            name = f"envace_test_{entry.id}"
+            for turn in entry.ground_truth:  # the gold strings are trusted data: BFCL's eval executor may run them
+                theirs, _ = execute_multi_turn_func_call(list(turn), entry.raw["initial_config"],
+                                                         entry.involved_classes, name, entry.id,
+                                                         long_context=entry.long_context)
+                assert [ours.execute(c) for text in turn for c in parse_calls(text)] == theirs, entry.id
+    (entry,) = load_multi_turn("multi_turn_base", ids=["multi_turn_base_0"])
+    first, second = BFCLEnvironment(entry), BFCLEnvironment(entry)
+    assert first.execute(PyCall("cd", (), (("folder", "document"),))) == '{"current_working_directory": "document"}'
+    assert second.execute(PyCall("pwd")) != first.execute(PyCall("pwd"))  # one rollout never moves another
+    assert first.execute(PyCall("foo", (), (("x", 1),))) == "Error during execution: name 'foo' is not defined"
