@@ -26,7 +26,6 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from envace.envs.real import RealEnvironment
-from envace.fidelity import score_reply
 from envace.rollout.engine import Engine, SamplingParams
 from envace.types import Task, ToolCall
 from envace.worlds.base import ToolReply, ToolRequest
@@ -278,6 +277,8 @@ class HybridWorld:
             shadows = self.prompter.respond([requests[i] for i in probes], engine, params)
         for i, reply in zip(to_rehearse, rehearsed):
             replies[i] = reply
+        from envace.fidelity import score_reply  # here: envace.fidelity imports the worlds package
+
         for i, shadow in zip(probes, shadows):
             answered = replies[i]
             assert answered is not None and answered.real_content is not None
