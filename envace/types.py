@@ -100,6 +100,8 @@ class Task:
             ``tool`` responses). Source of grounding and alignment targets.
         world_context: optional facts shown to the rehearse role only (never to the act role).
         environment: optional real environment.
+        user_turns: later user turns of a multi-turn conversation: each entry's user messages are delivered when the
+            act role ends the previous turn with a plain-text answer (BFCL multi-turn, tau^2 with a scripted user).
     """
 
     id: str
@@ -109,6 +111,7 @@ class Task:
     reference: tuple[dict[str, Any], ...] = ()
     world_context: str | None = None
     environment: EnvSpec | None = None
+    user_turns: tuple[tuple[dict[str, Any], ...], ...] = ()
 
     def tool(self, name: str) -> dict[str, Any] | None:
         """The function schema (the ``function`` dict) of tool ``name``, or None if the task has no such tool."""
@@ -224,6 +227,8 @@ class EpisodeStats:
     act_truncated: int = 0  # act generations cut by max new tokens
     rehearse_truncated: int = 0
     turn_limit: bool = False  # ended by max_turns
+    user_turns: int = 1  # user turns the act role was given (the first message included)
+    step_limits: int = 0  # user turns cut by max_steps_per_user_turn
     call_limit: bool = False  # ended by max_tool_calls
     context_limit: bool = False  # ended by the context cap
     ended_by_error: bool = False  # ended because an error was configured to end the episode
@@ -246,6 +251,8 @@ class Episode:
         success: the task's success specification is fully met (score 1), whatever the reward configuration.
         audit: the replay of this episode's calls in the real environment, when it was audited
             (``envace.audit.AuditResult``).
+        call_steps: ``(user turn, the valid calls of one act turn)`` for each act turn that made calls: the calls
+            grouped by user turn and step, as multi-turn benchmarks score them.
     """
 
     task: Task
@@ -259,6 +266,7 @@ class Episode:
     reward: float = 0.0
     success: bool = False
     audit: Any = None
+    call_steps: list[tuple[int, list[ToolCall]]] = field(default_factory=list)
 
     def samples(self) -> list[Sample]:
         """All training rows of this episode: the act row, then the trained rehearse rows."""

@@ -22,7 +22,7 @@ from envace.envs.real import EnvironmentClassError, import_class, public_methods
 from envace.roles.parsing import json_type_name, validate_call
 from envace.types import EnvSpec, ExpectedAnswer, ExpectedCall, SuccessSpec, Task, ToolCall, canonical_json
 
-TOP_KEYS = ("id", "messages", "tools", "success", "reference", "world_context", "environment")
+TOP_KEYS = ("id", "messages", "tools", "success", "reference", "world_context", "environment", "user_turns")
 SUCCESS_KEYS = ("calls", "ordered", "answer", "forbid_extra_calls")
 CALL_KEYS = ("name", "arguments", "weight")
 ANSWER_KEYS = ("equals", "contains", "weight")
@@ -175,6 +175,7 @@ def _parse_task(record: Any) -> Task:
         success=_parse_success(record["success"], tools),
         world_context=_optional_str(record.get("world_context"), "world_context"),
         environment=environment,
+        user_turns=_parse_user_turns(record.get("user_turns", [])),
     )
     if record.get("reference") is None:
         return task
@@ -227,6 +228,21 @@ def _parse_messages(value: Any, field: str, *, allow_empty: bool) -> tuple[dict[
     if not isinstance(value, list) or (not value and not allow_empty):
         raise _FieldError(field, "must be a non-empty list of messages" if not allow_empty else "must be a list")
     return tuple(_parse_message(m, f"{field}[{i}]") for i, m in enumerate(value))
+
+
+def _parse_user_turns(value: Any) -> tuple[tuple[dict[str, Any], ...], ...]:
+    """Later user turns: a list of turns, each a non-empty list of user messages."""
+    if not isinstance(value, list):
+        problem = f"must be a list of turns (lists of user messages), got {json_type_name(value)}"
+        raise _FieldError("user_turns", problem)
+    turns = []
+    for i, turn in enumerate(value):
+        messages = _parse_messages(turn, f"user_turns[{i}]", allow_empty=False)
+        for j, message in enumerate(messages):
+            if message["role"] != "user":
+                raise _FieldError(f"user_turns[{i}][{j}].role", f"must be 'user', got {json.dumps(message['role'])}")
+        turns.append(messages)
+    return tuple(turns)
 
 
 def _parse_message(value: Any, field: str) -> dict[str, Any]:
@@ -452,6 +468,8 @@ def task_to_record(task: Task) -> dict[str, Any]:
         record["world_context"] = task.world_context
     if task.environment is not None:
         record["environment"] = {"class_path": task.environment.class_path, "init_args": task.environment.init_args}
+    if task.user_turns:
+        record["user_turns"] = [list(turn) for turn in task.user_turns]
     return record
 
 

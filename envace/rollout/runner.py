@@ -44,6 +44,8 @@ class RolloutConfig:
             of the transcript.
         generate_batch_size: most prompts per ``generate`` call (bounds generation memory); longer batches are
             split.
+        max_steps_per_user_turn: in a multi-turn conversation (``Task.user_turns``), most act turns per user turn;
+            reaching it moves on to the next user turn (BFCL's rule: 20). 0: no limit.
     """
 
     max_turns: int = 8
@@ -58,6 +60,7 @@ class RolloutConfig:
     on_world_error: ErrorPolicy = "feedback"
     check_render: bool = False
     generate_batch_size: int = 64
+    max_steps_per_user_turn: int = 0
 
     def act_params(self) -> SamplingParams:
         """Sampling of the act role."""
@@ -78,6 +81,8 @@ class _Live:
     handle: Any
     pending: list[ToolRequest | CallError] = field(default_factory=list)
     done: bool = False
+    user_turn: int = 0  # index of the user turn being answered (0: the task's own messages)
+    turn_steps: int = 0  # act turns in this user turn
 
 
 class EpisodeRunner:
@@ -156,6 +161,7 @@ class EpisodeRunner:
     def _take_act_turn(self, s: _Live, gen: Generation) -> None:
         stats = s.episode.stats
         stats.act_turns += 1
+        s.turn_steps += 1
         stats.act_truncated += int(not gen.finished)
         body = gen.token_ids[:-1] if gen.finished else gen.token_ids
         raw = decode(self.tokenizer, body)
@@ -170,7 +176,7 @@ class EpisodeRunner:
         s.episode.messages.append(_assistant_message(turn.content, turn.reasoning, valid))
         if not items:
             s.episode.final_answer = turn.content.strip()
-            s.done = True
+            self._next_user_turn(s)
         elif len(s.episode.calls) + len(valid) > self.config.max_tool_calls:
             stats.call_limit = True
             s.done = True
@@ -180,6 +186,8 @@ class EpisodeRunner:
             s.done = True
         else:
             s.episode.calls.extend(valid)
+            if valid:
+                s.episode.call_steps.append((s.user_turn, list(valid)))
             s.pending = [self._request(c, s, history, turn.reasoning) if isinstance(c, ToolCall) else c for c in items]
 
     def _check(self, call: ToolCall | CallError, s: _Live) -> ToolCall | CallError:
@@ -252,6 +260,29 @@ class EpisodeRunner:
         elif stats.act_turns >= self.config.max_turns:
             stats.turn_limit = True
             s.done = True
+        elif 0 < self.config.max_steps_per_user_turn <= s.turn_steps:
+            stats.step_limits += 1
+            self._next_user_turn(s, cut=True)
+
+    def _next_user_turn(self, s: _Live, cut: bool = False) -> None:
+        """Deliver the task's next user turn, or end the episode after its last one.
+
+        ``cut``: the act role's turn was cut by the step limit while the stream already holds the generation prompt
+        of its next message; that message is closed empty, so the stream stays the template's render.
+        """
+        turns = s.episode.task.user_turns
+        if s.user_turn >= len(turns):
+            s.done = True
+            return
+        messages = ([{"role": "assistant", "content": ""}] if cut else []) + [dict(m) for m in turns[s.user_turn]]
+        s.user_turn += 1
+        s.turn_steps = 0
+        s.episode.stats.user_turns += 1
+        s.transcript.extend(messages)
+        s.episode.messages.extend(messages)
+        append_messages(s.stream, self.tokenizer, s.transcript, list(s.episode.task.tools), Role.USER)
+        if self.config.check_render:
+            self.check_render(s)
 
     def _dummy_generate(self, engine: Engine) -> None:
         engine.generate([[self.tokenizer.eos_token_id]], SamplingParams(max_new_tokens=1))

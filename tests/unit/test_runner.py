@@ -614,3 +614,41 @@ def test_sampled_rehearsals_are_deterministic_under_a_seed(tiny_engine):
             assert 0 < len(generated) <= 12
             assert r.sample.role_ids[-len(generated) :] == [int(Role.REHEARSE)] * len(generated)
 
+
+
+# -- multi-turn conversations (later user turns) -----------------------------------------------------------------------
+
+
+def two_turn_task() -> Task:
+    follow_up = ({"role": "user", "content": "Now deposit 5 into A1 and tell me the new balance."},)
+    return Task(**{**TASK.__dict__, "id": "bank-two-turns", "user_turns": (follow_up,)})
+
+
+def test_a_plain_answer_delivers_the_next_user_turn(tok):
+    task = two_turn_task()
+    deposit = call_text("deposit", {"account": "A1", "amount": 5})
+    script = [CALL_A1, "120", deposit, "125"]
+    world = RealWorld()
+    world.bind(tok, model=None)
+    (ep,), _, _ = run(tok, script, tasks=[task], world=world)  # check_render: the stream equals the template
+    roles = [m["role"] for m in ep.messages]
+    assert roles == ["system", "user", "assistant", "tool", "assistant", "user", "assistant", "tool", "assistant"]
+    assert ep.messages[5] == task.user_turns[0][0]
+    assert ep.call_steps == [(0, [ToolCall("get_balance", {"account": "A1"})]),
+                             (1, [ToolCall("deposit", {"account": "A1", "amount": 5})])]
+    assert ep.final_answer == "125" and ep.stats.user_turns == 2 and ep.stats.act_turns == 4
+    assert_act_row(tok, ep, script)  # only the act role's tokens are trained; the user turn is not
+    user_ids = encode(tok, task.user_turns[0][0]["content"])
+    assert any(ep.act.token_ids[i : i + len(user_ids)] == user_ids for i in range(len(ep.act.token_ids)))
+
+
+def test_the_step_limit_moves_on_to_the_next_user_turn_and_then_ends(tok):
+    world = RealWorld()
+    world.bind(tok, model=None)
+    (ep,), _, _ = run(tok, [CALL_A1, CALL_A1], tasks=[two_turn_task()], world=world, max_steps_per_user_turn=1)
+    assert ep.stats.step_limits == 2 and ep.stats.user_turns == 2 and ep.final_answer is None
+    assert [turn for turn, _ in ep.call_steps] == [0, 1]
+    # the cut turn is closed by an empty assistant message before the next user turn (the stream stays the render)
+    roles = [m["role"] for m in ep.messages]
+    assert roles == ["system", "user", "assistant", "tool", "assistant", "user", "assistant", "tool"]
+    assert ep.messages[4] == {"role": "assistant", "content": ""}

@@ -251,3 +251,15 @@ def test_missing_file(tmp_path: Path) -> None:
 def test_parse_task_default_location() -> None:
     with pytest.raises(TaskFormatError, match=r"^<task>: field 'id': must be a non-empty string"):
         parse_task(make_record(id=""))
+
+
+def test_user_turns_parse_round_trip_and_refuse_other_roles(tmp_path: Path) -> None:
+    turns = [[{"role": "user", "content": "Now deposit 5."}], [{"role": "user", "content": "And withdraw 2."}]]
+    task = parse_task(make_record(user_turns=turns))
+    assert task.user_turns == tuple(tuple(t) for t in turns)
+    assert parse_task(json.loads(json.dumps(task_to_record(task)))) == task
+    bad = make_record(user_turns=[[{"role": "assistant", "content": "x"}]])
+    assert "tasks.jsonl:1: field 'user_turns[0][0].role': must be 'user'" in load_error(tmp_path, [bad])
+    assert "field 'user_turns[1]': must be a non-empty list" in load_error(tmp_path, [make_record(user_turns=[turns[0],
+                                                                                                      []])])
+    assert "field 'user_turns': must be a list of turns" in load_error(tmp_path, [make_record(user_turns="hi")])
