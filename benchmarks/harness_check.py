@@ -1,7 +1,9 @@
 """Harness validation: the benchmark harnesses score a gold-replay policy 100% and a do-nothing policy at the floor.
 
 - **BFCL-v4 multi-turn** (all four categories, every entry by default): the ground-truth calls, parsed with
-  ``envace.benchmarks.bfcl.parse_calls`` and checked by BFCL's own ``multi_turn_checker``, must be valid; and the gold
+  ``envace.benchmarks.bfcl.parse_calls`` and checked by BFCL's own ``multi_turn_checker``, must be valid; the gold
+  policy (``GoldPolicy``: the same calls written as ``<tool_call>`` text, through envace's rollout, schema checks and
+  environments) must score 100% (not yet for miss_func, whose functions arrive mid-conversation); and the gold
   replays double as fidelity probes: a second fresh environment standing in as the rehearser must reproduce every
   response exactly (exact match under ``envace.fidelity``).
 - **tau^2-Bench** (telecom solo, airline and retail; ``base`` split by default): each task's gold actions, replayed
@@ -25,22 +27,37 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from envace.benchmarks import bfcl, tau2  # noqa: E402
 from envace.fidelity import score_response  # noqa: E402
+from envace.policy import TinyPolicy  # noqa: E402  (its tokenizer renders the gold policy's prompts)
 
 
-def bfcl_rows(limit: int | None) -> list[tuple[str, int, float, float, float]]:
-    """Per category: entries, gold validity under BFCL's checker, fidelity EM of a fresh replay, seconds."""
+def gold_policy_accuracy(entries: list[bfcl.BFCLEntry]) -> float:
+    """The gold policy's accuracy through envace's rollout, scored by BFCL; NaN for miss_func (not run yet).
+
+    Its tool-call text is parsed, schema-checked and executed as a policy's would be.
+    """
+    if any(e.raw.get("missed_function") for e in entries):
+        return float("nan")
+    _, tokenizer = TinyPolicy().build()
+    return statistics.fmean(
+        bfcl.evaluate_multi_turn([e], bfcl.GoldPolicy(e, tokenizer), tokenizer)["accuracy"] for e in entries
+    )
+
+
+def bfcl_rows(limit: int | None) -> list[tuple[str, int, float, float, float, float]]:
+    """Per category: entries, gold validity, the gold policy's accuracy, fidelity EM of a fresh replay, seconds."""
     rows = []
     for category in bfcl.MULTI_TURN:
         start = time.perf_counter()
         entries = bfcl.load_multi_turn(category, limit=limit)
         valid = [float(bfcl.check_multi_turn(e, bfcl.gold_calls(e))["valid"]) for e in entries]
+        policy = gold_policy_accuracy(entries)
         exact = []
         for entry in entries:
             real, rehearser = bfcl.BFCLEnvironment(entry), bfcl.BFCLEnvironment(entry)
             for turn in bfcl.gold_calls(entry):
                 for call in (c for step in turn for c in step):
                     exact.append(score_response(rehearser.execute(call), real.execute(call)).exact_match)
-        rows.append((category, len(entries), statistics.fmean(valid), statistics.fmean(exact),
+        rows.append((category, len(entries), statistics.fmean(valid), policy, statistics.fmean(exact),
                      time.perf_counter() - start))
     return rows
 
@@ -65,10 +82,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--bfcl-limit", type=int, default=None, help="entries per BFCL category (default: all)")
     parser.add_argument("--tau2-split", default="base", choices=tau2.SPLITS)
     args = parser.parse_args(argv)
-    lines = ["| BFCL-v4 multi-turn category | entries | gold replay valid (BFCL checker) | fidelity EM, real env as "
-             "rehearser | s |", "|---|---|---|---|---|"]
+    lines = ["| BFCL-v4 multi-turn category | entries | gold calls valid (BFCL checker) | gold policy through the "
+             "rollout | fidelity EM, real env as rehearser | s |", "|---|---|---|---|---|---|"]
     bfcl_result = bfcl_rows(args.bfcl_limit)
-    lines += [f"| {c} | {n} | {v:.3f} | {e:.3f} | {s:.1f} |" for c, n, v, e, s in bfcl_result]
+    lines += [f"| {c} | {n} | {v:.3f} | {'n/a (miss_func)' if p != p else f'{p:.3f}'} | {e:.3f} | {s:.1f} |"
+              for c, n, v, p, e, s in bfcl_result]
     lines += ["", f"| tau^2 domain, {args.tau2_split} split | tasks | gold reward | do-nothing reward (floor) | s |",
               "|---|---|---|---|---|"]
     tau2_result = tau2_rows(args.tau2_split)

@@ -112,3 +112,28 @@ class ScriptedEngine:
         self.params.append(params)
         self.outputs.append([list(g.token_ids) for g in generations])
         return generations
+
+
+class ListKeeper:
+    """A real environment that keeps the list it is given and mutates it later (as BFCL's posting API does)."""
+
+    def __init__(self) -> None:
+        self.kept: list[str] = []
+
+    def keep(self, items: list[str]) -> dict:
+        """Keep a list.
+
+        Args:
+            items: The list to keep.
+        """
+        self.kept = items
+        return {"kept": len(items)}
+
+    def add(self, item: str) -> dict:
+        """Add an item to the kept list.
+
+        Args:
+            item: The item to add.
+        """
+        self.kept.append(item)
+        return {"kept": len(self.kept)}

@@ -226,8 +226,9 @@ class BFCLEnvironment:
         method = self.methods.get(call.name)
         if method is None:
             return f"Error during execution: name '{call.name}' is not defined"
+        args, kwargs = copy.deepcopy((call.args, dict(call.kwargs)))  # the environment may keep (and mutate) them
         try:
-            return _serialise(method(*call.args, **dict(call.kwargs)))
+            return _serialise(method(*args, **kwargs))
         except Exception as exc:  # noqa: BLE001 - a tool error is an observation, as in BFCL
             return f"Error during execution: {exc}"
 
@@ -266,3 +267,194 @@ def check_multi_turn(entry: BFCLEntry, calls: list[list[list[PyCall]]]) -> dict[
 def gold_calls(entry: BFCLEntry) -> list[list[list[PyCall]]]:
     """The ground truth as a rollout: each turn's gold calls in one step (no step for an empty turn)."""
     return [[[c for text in turn for c in parse_calls(text)]] if turn else [] for turn in entry.ground_truth]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Entries as envace tasks, a world over their environments, and policy evaluation
+# ---------------------------------------------------------------------------------------------------------------------
+
+SYSTEM_PROMPT = (
+    "You are an assistant that completes the user's requests by calling the provided functions. In each turn, call "
+    "the functions needed; when the request is done (or cannot be done), reply in plain text."
+)
+"""The system message of converted entries (BFCL's FC mode sends the function docs and the user turns only)."""
+
+_TYPES = {"dict": "object", "float": "number", "tuple": "array", "any": None}
+
+
+def _json_schema(node: Any) -> Any:
+    """BFCL's parameter schema dialect (``dict``, ``float``, ``tuple``, ``any``) as JSON Schema."""
+    if isinstance(node, list):
+        return [_json_schema(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = {}
+    for key, value in node.items():
+        if key == "type" and isinstance(value, str) and value in _TYPES:
+            if _TYPES[value] is not None:
+                out[key] = _TYPES[value]
+        elif key in ("properties",) and isinstance(value, dict):
+            out[key] = {name: _json_schema(schema) for name, schema in value.items()}
+        else:
+            out[key] = _json_schema(value)
+    return out
+
+
+@cache
+def _function_docs() -> dict[str, dict[str, Any]]:
+    """Every multi-turn function doc, by name."""
+    from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPING
+
+    docs = {}
+    for module in CLASS_FILE_PATH_MAPPING.values():
+        path = _data_dir() / "multi_turn_func_doc" / f"{module.rsplit('.', 1)[-1]}.json"
+        if path.is_file():
+            docs.update({doc["name"]: doc for doc in _jsonl(path)})
+    return docs
+
+
+def tool_schemas(entry: BFCLEntry) -> list[dict[str, Any]]:
+    """OpenAI function schemas of the entry's functions: its classes' public methods minus ``excluded_function``."""
+    excluded = set(entry.raw.get("excluded_function") or [])
+    names = [n for n in BFCLEnvironment(entry).methods if n not in excluded]
+    docs = _function_docs()
+    return [{"type": "function", "function": {"name": n, "description": docs[n]["description"],
+                                              "parameters": _json_schema(docs[n]["parameters"])}}
+            for n in names if n in docs]
+
+
+def to_task(entry: BFCLEntry) -> Any:
+    """The entry as an envace ``Task``: its first turn as the chat, the others as ``user_turns``.
+
+    ``success`` lists the gold calls (for envace's own rewards); the benchmark's score is BFCL's checker
+    (``evaluate_multi_turn``).
+
+    Raises:
+        ValueError: a ``miss_func`` entry (functions added mid-conversation are not supported yet).
+    """
+    from envace.types import ExpectedCall, SuccessSpec, Task
+
+    if entry.raw.get("missed_function"):
+        raise ValueError(f"{entry.id}: functions added mid-conversation (miss_func) are not supported by the policy "
+                         "harness yet; its gold replay runs through check_multi_turn")
+    env = BFCLEnvironment(entry)
+    expected = tuple(ExpectedCall(c.name, bind_arguments(env, c)) for turn in entry.ground_truth for text in turn
+                     for c in parse_calls(text))
+    first, *later = entry.turns
+    return Task(
+        id=entry.id,
+        messages=({"role": "system", "content": SYSTEM_PROMPT}, *first),
+        tools=tuple(tool_schemas(entry)),
+        success=SuccessSpec(calls=expected, ordered=True),
+        user_turns=tuple(tuple(turn) for turn in later),
+    )
+
+
+def bind_arguments(env: BFCLEnvironment, call: PyCall) -> dict[str, Any]:
+    """The call's arguments by parameter name (positional ones named from the method's signature)."""
+    method = env.methods.get(call.name)
+    if method is None:
+        return dict(call.kwargs)
+    bound = inspect.signature(method).bind_partial(*call.args, **dict(call.kwargs))
+    return dict(bound.arguments)
+
+
+class BFCLWorld:
+    """Executes calls on a fresh ``BFCLEnvironment`` per episode (the entry is found from the task id)."""
+
+    generates_with_policy = False
+
+    def __init__(self, entries: list[BFCLEntry]) -> None:
+        self.entries = {e.id: e for e in entries}
+
+    def begin_rollout(self, step: int) -> None:
+        """Nothing is scheduled."""
+
+    def bind(self, tokenizer: Any, model: Any) -> None:
+        """Nothing to bind: the environment does not generate."""
+
+    def open(self, task: Any) -> BFCLEnvironment:
+        """A fresh environment of the task's entry."""
+        if task.id not in self.entries:
+            raise ValueError(f"BFCLWorld: no entry for task '{task.id}'")
+        return BFCLEnvironment(self.entries[task.id])
+
+    def respond(self, requests: list[Any], engine: Any, params: Any) -> list[Any]:
+        """Execute each call by name with its JSON arguments."""
+        from envace.worlds.base import ToolReply
+
+        replies = []
+        for req in requests:
+            content = req.handle.execute(PyCall(req.call.name, (), tuple(req.call.arguments.items())))
+            replies.append(ToolReply(content=content, ok=True, source="real", real_calls=1, real_content=content))
+        return replies
+
+
+def episode_calls(entry: BFCLEntry, episode: Any) -> list[list[list[PyCall]]]:
+    """An episode's calls as ``[turn][step]`` for the checker (turns the episode never reached are empty)."""
+    turns: list[list[list[PyCall]]] = [[] for _ in entry.ground_truth]
+    for turn, calls in episode.call_steps:
+        turns[turn].append([PyCall(c.name, (), tuple(c.arguments.items())) for c in calls])
+    return turns
+
+
+def evaluate_multi_turn(entries: list[BFCLEntry], engine: Any, tokenizer: Any, rollout: Any | None = None
+                        ) -> dict[str, Any]:
+    """Run a policy on ``entries`` and score each episode with BFCL's checker.
+
+    Returns ``{"accuracy": f, "valid": {id: bool}, "episodes": [...]}``. ``engine`` generates the act role (greedy
+    unless ``rollout`` says otherwise). BFCL's inference protocol applies: at most 20 act turns per user turn
+    (``max_steps_per_user_turn``), and arguments are not checked against the schemas (the environment answers).
+    """
+    from dataclasses import replace
+
+    from envace.rollout.runner import EpisodeRunner, RolloutConfig
+
+    config = rollout or RolloutConfig(act_temperature=0.0, max_turns=200, max_tool_calls=400,
+                                      max_context_tokens=32768)
+    # BFCL's protocol: at most 20 steps per user turn, and calls reach the environment without a schema check
+    config = replace(config, max_steps_per_user_turn=config.max_steps_per_user_turn or 20, validate_arguments=False)
+    tasks = [to_task(e) for e in entries]
+    world = BFCLWorld(entries)
+    episodes = EpisodeRunner(tokenizer, config).run(tasks, list(range(len(tasks))), engine, world)
+    valid = {e.id: bool(check_multi_turn(e, episode_calls(e, ep))["valid"]) for e, ep in zip(entries, episodes)}
+    return {"accuracy": sum(valid.values()) / len(valid) if valid else 0.0, "valid": valid, "episodes": episodes}
+
+
+class GoldPolicy:
+    """An ``Engine`` that replays one entry's ground truth through the rollout, as a policy would.
+
+    Per turn it answers with one act turn holding all the turn's gold calls (``<tool_call>`` blocks, arguments named
+    from the method signatures), then a plain-text answer. It serves one episode at a time.
+    """
+
+    def __init__(self, entry: BFCLEntry, tokenizer: Any) -> None:
+        env = BFCLEnvironment(entry)
+        self.tokenizer = tokenizer
+        self.generated_tokens = 0
+        self.script: list[str] = []
+        for turn in entry.ground_truth:
+            calls = [c for text in turn for c in parse_calls(text)]
+            if calls:
+                self.script.append("\n".join(
+                    "<tool_call>\n" + json.dumps({"name": c.name, "arguments": bind_arguments(env, c)})
+                    + "\n</tool_call>" for c in calls))
+            self.script.append("Done.")
+
+    def generate(self, prompts: list[list[int]], params: Any) -> list[Any]:
+        """The next scripted act turn.
+
+        Raises:
+            ValueError: more than one prompt (one episode at a time), or the script is exhausted.
+        """
+        from envace.policy.chat import encode
+        from envace.rollout.engine import Generation
+
+        if len(prompts) > 1 or (prompts and not self.script):
+            raise ValueError("GoldPolicy serves one episode at a time, for as many act turns as its script holds")
+        out = []
+        for _ in prompts:
+            ids = encode(self.tokenizer, self.script.pop(0)) + [self.tokenizer.eos_token_id]
+            self.generated_tokens += len(ids)
+            out.append(Generation(ids, True))
+        return out

@@ -123,7 +123,7 @@ class RealEnvironment:
         self.calls_made += 1
         method = getattr(self._instance, call.name)  # safe: the name is one of the class's public methods
         try:
-            value = method(**call.arguments)
+            value = method(**copy.deepcopy(call.arguments))  # the instance may keep (and mutate) what it is given
         except Exception as exc:  # noqa: BLE001 - a tool error is a normal observation
             return _error_content(f"{type(exc).__name__}: {exc}"), False
         return json.dumps(value, ensure_ascii=False, default=str), True

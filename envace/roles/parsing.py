@@ -226,12 +226,13 @@ def _validator(schema: dict[str, Any]) -> Draft202012Validator:
     return validator
 
 
-def validate_call(call: ToolCall, task: Task) -> CallError | None:
+def validate_call(call: ToolCall, task: Task, check_arguments: bool = True) -> CallError | None:
     """Check a parsed call against the task's tools.
 
     Args:
         call: the call.
         task: the task whose tools are available.
+        check_arguments: also validate the arguments against the tool's JSON schema.
 
     Returns:
         ``CallError("UNKNOWN_TOOL", ...)``, ``CallError("INVALID_ARGUMENTS", ...)`` or None when the call is valid.
@@ -240,6 +241,8 @@ def validate_call(call: ToolCall, task: Task) -> CallError | None:
     if tool is None:
         available = ", ".join(spec["function"]["name"] for spec in task.tools) or "(none)"
         return CallError("UNKNOWN_TOOL", f"tool '{call.name}' is not available; available: {available}")
+    if not check_arguments:
+        return None
     error = best_match(_validator(tool["parameters"]).iter_errors(call.arguments))
     if error is None:
         return None

@@ -46,6 +46,9 @@ class RolloutConfig:
             split.
         max_steps_per_user_turn: in a multi-turn conversation (``Task.user_turns``), most act turns per user turn;
             reaching it moves on to the next user turn (BFCL's rule: 20). 0: no limit.
+        validate_arguments: refuse calls whose arguments break the tool's JSON schema (``INVALID_ARGUMENTS``);
+            off, they reach the environment, which answers as it does (benchmarks whose protocol has no schema
+            check, such as BFCL's executor).
     """
 
     max_turns: int = 8
@@ -61,6 +64,7 @@ class RolloutConfig:
     check_render: bool = False
     generate_batch_size: int = 64
     max_steps_per_user_turn: int = 0
+    validate_arguments: bool = True
 
     def act_params(self) -> SamplingParams:
         """Sampling of the act role."""
@@ -193,7 +197,7 @@ class EpisodeRunner:
     def _check(self, call: ToolCall | CallError, s: _Live) -> ToolCall | CallError:
         if isinstance(call, CallError):
             return call
-        error = validate_call(call, s.episode.task)
+        error = validate_call(call, s.episode.task, self.config.validate_arguments)
         if error is not None:
             stats = s.episode.stats
             stats.unknown_tools += int(error.code == "UNKNOWN_TOOL")

@@ -652,3 +652,22 @@ def test_the_step_limit_moves_on_to_the_next_user_turn_and_then_ends(tok):
     roles = [m["role"] for m in ep.messages]
     assert roles == ["system", "user", "assistant", "tool", "assistant", "user", "assistant", "tool"]
     assert ep.messages[4] == {"role": "assistant", "content": ""}
+
+
+def test_an_environment_never_mutates_the_recorded_call(tok):
+    from envace.envs.real import RealEnvironment
+
+    env = RealEnvironment(EnvSpec("helpers.ListKeeper"))
+    call = ToolCall("keep", {"items": ["a"]})
+    env.execute(call)
+    env.execute(ToolCall("add", {"item": "b"}))
+    assert call.arguments == {"items": ["a"]}  # the environment got a copy
+
+
+def test_schema_checks_can_be_left_to_the_environment(tok):
+    bad = call_text("get_balance", {"account": 5})  # the schema wants a string
+    world = RealWorld()
+    world.bind(tok, model=None)
+    (ep,), _, _ = run(tok, [bad, "?"], world=world, validate_arguments=False)
+    assert ep.stats.invalid_arguments == 0 and ep.stats.real_calls == 1
+    assert tool_messages(ep)[0]["content"] == '{"error": "ValueError: unknown account \'5\'"}'
