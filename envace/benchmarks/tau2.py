@@ -139,3 +139,151 @@ def null_trajectory() -> list[Any]:
     from tau2.data_model.message import AssistantMessage
 
     return [AssistantMessage(role="assistant", content="I cannot help with that.")]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Telecom solo through envace's rollout
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _fresh_environment(task: Any, domain: str, solo: bool) -> Any:
+    env = environment_constructor(domain, solo)()
+    state = task.initial_state
+    if state is not None:
+        env.set_state(initialization_data=state.initialization_data,
+                      initialization_actions=state.initialization_actions,
+                      message_history=state.message_history or [])
+    return env
+
+
+def to_task(task: Any, domain: str = "telecom") -> Any:
+    """A solo-mode tau^2 task as an envace ``Task``.
+
+    The domain policy is the system message and the ticket the user message; the tools are the agent's and the
+    phone's (the agent operates both in solo mode).
+
+    Raises:
+        ValueError: a domain without solo mode, or a task without a ticket.
+    """
+    from envace.types import SuccessSpec, Task
+
+    if domain not in SOLO_DOMAINS:
+        raise ValueError(f"only {', '.join(SOLO_DOMAINS)} runs without a user simulator; '{domain}' needs one")
+    if not getattr(task, "ticket", None):
+        raise ValueError(f"tau^2 task {task.id} has no ticket: it cannot run in solo mode")
+    env = environment_constructor(domain, solo=True)()
+    tools = [t.openai_schema for t in env.get_tools()] + [t.openai_schema for t in env.get_user_tools()]
+    return Task(
+        id=str(task.id),
+        messages=({"role": "system", "content": env.get_policy()}, {"role": "user", "content": task.ticket}),
+        tools=tuple(tools),
+        success=SuccessSpec(calls=(), answer=None),  # scored by tau^2's evaluators (evaluate_solo)
+    )
+
+
+class Tau2World:
+    """Executes calls on a fresh, initialised tau^2 environment per episode and records the tau^2 trajectory."""
+
+    generates_with_policy = False
+
+    def __init__(self, tasks: list[Any], domain: str = "telecom", solo: bool = True) -> None:
+        self.tasks = {str(t.id): t for t in tasks}
+        self.domain, self.solo = domain, solo
+        self.opened: list[dict[str, Any]] = []  # per episode, in start order: its environment and trajectory
+
+    def begin_rollout(self, step: int) -> None:
+        """Nothing is scheduled."""
+
+    def bind(self, tokenizer: Any, model: Any) -> None:
+        """Nothing to bind: the environment does not generate."""
+
+    def open(self, task: Any) -> dict[str, Any]:
+        """A fresh environment in the task's initial state."""
+        handle = {"env": _fresh_environment(self.tasks[task.id], self.domain, self.solo), "trajectory": []}
+        self.opened.append(handle)
+        return handle
+
+    def respond(self, requests: list[Any], engine: Any, params: Any) -> list[Any]:
+        """Each call as the agent's tau^2 tool call; the ToolMessage content is the response."""
+        from tau2.data_model.message import AssistantMessage, ToolCall
+
+        from envace.worlds.base import ToolReply
+
+        replies = []
+        for req in requests:
+            trajectory = req.handle["trajectory"]
+            call = ToolCall(id=f"call_{len(trajectory)}", name=req.call.name, arguments=dict(req.call.arguments),
+                            requestor="assistant")
+            message = req.handle["env"].get_response(call)
+            trajectory += [AssistantMessage(role="assistant", tool_calls=[call]), message]
+            content = message.content or ""
+            replies.append(ToolReply(content=content, ok=True, source="real", real_calls=1, real_content=content))
+        return replies
+
+
+def evaluate_solo(tasks: list[Any], engine: Any, tokenizer: Any, rollout: Any | None = None, trials: int = 1,
+                  domain: str = "telecom") -> dict[str, Any]:
+    """Run a policy on solo tasks (``trials`` episodes each) and score them with tau^2's evaluators.
+
+    Returns ``{"rewards": {task id: [reward per trial]}, "pass_hat": {k: pass^k}, "floor": do-nothing reward}``.
+    """
+    from dataclasses import replace
+
+    from tau2.data_model.message import AssistantMessage
+
+    from envace.benchmarks.passk import pass_hat_k
+    from envace.rollout.runner import EpisodeRunner, RolloutConfig
+
+    require_tau2()
+    config = rollout or RolloutConfig(act_temperature=0.0, max_turns=30, max_tool_calls=30, max_context_tokens=65536)
+    config = replace(config, validate_arguments=False)  # tau^2's tools answer bad arguments themselves
+    converted = [to_task(t, domain) for t in tasks for _ in range(trials)]
+    world = Tau2World(tasks, domain, solo=True)
+    episodes = EpisodeRunner(tokenizer, config).run(converted, [i // trials for i in range(len(converted))], engine,
+                                                     world)
+    rewards: dict[str, list[float]] = {str(t.id): [] for t in tasks}
+    by_id = {str(t.id): t for t in tasks}
+    for episode, handle in zip(episodes, world.opened):
+        closing = AssistantMessage(role="assistant", content=episode.final_answer or "")
+        rewards[episode.task.id].append(reward(by_id[episode.task.id], handle["trajectory"] + [closing], domain,
+                                               solo=True))
+    successes = [[r >= 1.0 for r in per_task] for per_task in rewards.values()]
+    floor = sum(reward(t, null_trajectory(), domain, solo=True) for t in tasks) / len(tasks)
+    return {"rewards": rewards, "pass_hat": {k: pass_hat_k(successes, k) for k in range(1, trials + 1)},
+            "floor": floor, "episodes": episodes}
+
+
+class GoldSoloPolicy:
+    """An ``Engine`` that replays one solo task's gold actions, one call per act turn, then a closing message.
+
+    The closing message says what the task needs communicated. It serves one episode at a time.
+    """
+
+    def __init__(self, task: Any, tokenizer: Any) -> None:
+        import json
+
+        self.tokenizer = tokenizer
+        self.generated_tokens = 0
+        self.script = [
+            "<tool_call>\n" + json.dumps({"name": a.name, "arguments": a.arguments}) + "\n</tool_call>"
+            for a in task.evaluation_criteria.actions or []
+        ]
+        self.script.append(" ".join(task.evaluation_criteria.communicate_info or []) or "Done.")
+
+    def generate(self, prompts: list[list[int]], params: Any) -> list[Any]:
+        """The next scripted act turn.
+
+        Raises:
+            ValueError: more than one prompt, or the script is exhausted.
+        """
+        from envace.policy.chat import encode
+        from envace.rollout.engine import Generation
+
+        if len(prompts) > 1 or (prompts and not self.script):
+            raise ValueError("GoldSoloPolicy serves one episode at a time, for as many act turns as its script holds")
+        out = []
+        for _ in prompts:
+            ids = encode(self.tokenizer, self.script.pop(0)) + [self.tokenizer.eos_token_id]
+            self.generated_tokens += len(ids)
+            out.append(Generation(ids, True))
+        return out

@@ -33,3 +33,46 @@ def test_bad_domains_splits_ids_and_modes_are_refused_by_name() -> None:
         load_tasks("retail", ids=["nope"])
     with pytest.raises(ValueError, match="solo mode exists for telecom only"):
         environment_constructor("retail", solo=True)
+
+
+def test_the_gold_policy_earns_the_full_reward_through_the_rollout(tiny_tokenizer) -> None:
+    from envace.benchmarks.tau2 import GoldSoloPolicy, evaluate_solo
+
+    for task in load_tasks("telecom", "test")[:3]:
+        result = evaluate_solo([task], GoldSoloPolicy(task, tiny_tokenizer), tiny_tokenizer)
+        assert result["rewards"] == {task.id: [1.0]} and result["pass_hat"] == {1: 1.0}
+        assert result["floor"] == 0.0
+
+
+def test_solo_conversion_refuses_domains_that_need_a_user() -> None:
+    from envace.benchmarks.tau2 import to_task
+
+    task = load_tasks("telecom", "test")[0]
+    converted = to_task(task)
+    assert converted.messages[1] == {"role": "user", "content": task.ticket}
+    assert {"toggle_roaming", "get_customer_by_phone"} <= {t["function"]["name"] for t in converted.tools}
+    with pytest.raises(ValueError, match="'retail' needs one"):
+        to_task(load_tasks("retail", "test")[0], "retail")
+
+
+@pytest.mark.slow
+def test_a_tiny_random_policy_runs_telecom_solo_deterministically(tiny_tokenizer) -> None:
+    import torch
+
+    from envace.benchmarks.tau2 import evaluate_solo
+    from envace.policy.tiny import build_model
+    from envace.rollout.engine import HFEngine
+    from envace.rollout.runner import RolloutConfig
+
+    model = build_model(tiny_tokenizer, hidden=32, layers=1, seed=0, max_positions=32768)
+    engine = HFEngine(model, pad_id=tiny_tokenizer.pad_token_id, stop_ids=[tiny_tokenizer.eos_token_id])
+    config = RolloutConfig(act_max_new_tokens=8, act_temperature=1.0, max_turns=2, max_tool_calls=4,
+                           max_context_tokens=32768)
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        result = evaluate_solo(load_tasks("telecom", "test")[:1], engine, tiny_tokenizer, config, trials=2)
+        assert all(0.0 <= r <= 1.0 for rs in result["rewards"].values() for r in rs)
+        assert set(result["pass_hat"]) == {1, 2}
+        runs.append((result["rewards"], [e.act.token_ids for e in result["episodes"]]))
+    assert runs[0] == runs[1]
