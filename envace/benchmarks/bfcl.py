@@ -26,7 +26,7 @@ import json
 import os
 import tempfile
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -406,8 +406,6 @@ def evaluate_multi_turn(entries: list[BFCLEntry], engine: Any, tokenizer: Any, r
     unless ``rollout`` says otherwise). BFCL's inference protocol applies: at most 20 act turns per user turn
     (``max_steps_per_user_turn``), and arguments are not checked against the schemas (the environment answers).
     """
-    from dataclasses import replace
-
     from envace.rollout.runner import EpisodeRunner, RolloutConfig
 
     config = rollout or RolloutConfig(act_temperature=0.0, max_turns=200, max_tool_calls=400,
@@ -458,3 +456,129 @@ class GoldPolicy:
             self.generated_tokens += len(ids)
             out.append(Generation(ids, True))
         return out
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Training tasks (the train split only)
+# ---------------------------------------------------------------------------------------------------------------------
+
+EVAL_EVERY = 4
+"""Entry ``<category>_<n>`` with ``n % EVAL_EVERY == 0`` is held out for evaluation (50 of each 200); the rest
+(150) may be trained on. BFCL ships no split of its own; a policy trained on the train split is scored on the eval
+split (``split_ids``), never on all 200."""
+
+
+def split_ids(category: str) -> tuple[list[str], list[str]]:
+    """``(train ids, eval ids)`` of a category."""
+    ids = [entry.id for entry in load_multi_turn(category)]
+    held_out = [i for i in ids if int(i.rsplit("_", 1)[1]) % EVAL_EVERY == 0]
+    return [i for i in ids if i not in held_out], held_out
+
+
+class BFCLToolbox:
+    """A BFCL entry's environment as an envace real environment (a toolbox: ``envace.envs.real.is_toolbox``).
+
+    Args:
+        category: the entry's category.
+        entry_id: the entry id.
+    """
+
+    def __init__(self, category: str, entry_id: str) -> None:
+        (entry,) = load_multi_turn(category, ids=[entry_id])
+        self.env = BFCLEnvironment(entry)
+
+    def tool_names(self) -> list[str]:
+        """Every public method of the entry's classes."""
+        return list(self.env.methods)
+
+    def call_tool(self, name: str, arguments: dict[str, Any]) -> str:
+        """Run one call with JSON arguments; BFCL's serialisation of the result."""
+        return self.env.execute(PyCall(name, (), tuple(arguments.items())))
+
+
+def reference_messages(entry: BFCLEntry) -> list[dict[str, Any]]:
+    """The gold continuation of the entry's first user turn, with the real responses of a replay.
+
+    Per turn: the turn's user messages (after the first turn), one assistant message with the turn's gold calls and
+    their tool responses, then a plain-text close ("Done.").
+    """
+    env = BFCLEnvironment(entry)
+    messages: list[dict[str, Any]] = []
+    for index, (turn, gold) in enumerate(zip(entry.turns, entry.ground_truth)):
+        if index > 0:
+            messages += [dict(m) for m in turn]
+        calls = [c for text in gold for c in parse_calls(text)]
+        if calls:
+            bound = [bind_arguments(env, c) for c in calls]
+            tool_calls = [{"type": "function", "function": {"name": c.name, "arguments": args}}
+                          for c, args in zip(calls, bound)]
+            messages.append({"role": "assistant", "content": "", "tool_calls": tool_calls})
+            messages += [{"role": "tool", "name": c.name, "content": env.execute(PyCall(c.name, (), tuple(a.items())))}
+                         for c, a in zip(calls, bound)]
+        messages.append({"role": "assistant", "content": "Done."})
+    return messages
+
+
+def training_task(entry: BFCLEntry) -> Any:
+    """A train-split entry as an envace training task, for SFT, alignment, rehearsal and real RL.
+
+    It is ``to_task`` plus its reference (gold calls with real responses) and its environment (``BFCLToolbox``).
+
+    Raises:
+        ValueError: the entry is held out for evaluation (``split_ids``).
+    """
+    from envace.types import EnvSpec
+
+    number = int(entry.id.rsplit("_", 1)[1])
+    if number % EVAL_EVERY == 0:
+        raise ValueError(f"{entry.id} is held out for evaluation (ids divisible by {EVAL_EVERY}); train on the others")
+    task = to_task(entry)
+    return replace(task, reference=tuple(reference_messages(entry)),
+                   environment=EnvSpec("envace.benchmarks.bfcl.BFCLToolbox",
+                                       {"category": entry.category, "entry_id": entry.id}))
+
+
+def export_training_tasks(categories: list[str], path: str | Path) -> dict[str, int]:
+    """Write the train split of ``categories`` as an envace task file (JSON Lines); returns counts.
+
+    Entries whose gold calls break their own tool schemas (a handful: BFCL never checks them) cannot be envace
+    training tasks and are skipped; so are ``miss_func`` entries (functions arriving mid-conversation).
+    """
+    from envace.data.tasks import TaskFormatError, parse_task, task_to_record
+
+    counts = {"written": 0, "skipped_schema": 0, "skipped_miss_func": 0}
+    lines = []
+    for category in categories:
+        train, _ = split_ids(category)
+        for entry in load_multi_turn(category, ids=train):
+            if entry.raw.get("missed_function"):
+                counts["skipped_miss_func"] += 1
+                continue
+            record = task_to_record(training_task(entry))
+            try:
+                parse_task(json.loads(json.dumps(record)))  # exactly what the loader will check
+            except TaskFormatError:
+                counts["skipped_schema"] += 1
+                continue
+            lines.append(json.dumps(record, ensure_ascii=False))
+            counts["written"] += 1
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return counts
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m envace.benchmarks.bfcl --export OUT.jsonl [--categories ...]``: write training tasks."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Export BFCL-v4 multi-turn train-split entries as envace tasks.")
+    parser.add_argument("--export", required=True, metavar="OUT.jsonl")
+    parser.add_argument("--categories", nargs="+", default=["multi_turn_base"],
+                        choices=[c for c in MULTI_TURN if c != "multi_turn_miss_func"])
+    args = parser.parse_args(argv)
+    counts = export_training_tasks(args.categories, args.export)
+    print(f"{args.export}: {counts}")  # noqa: T201 (a command line's result)
+
+
+if __name__ == "__main__":
+    main()

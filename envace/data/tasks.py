@@ -18,7 +18,7 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
-from envace.envs.real import EnvironmentClassError, import_class, public_methods, tool_schemas_from_class
+from envace.envs.real import EnvironmentClassError, import_class, is_toolbox, public_methods, tool_schemas_from_class
 from envace.roles.parsing import json_type_name, validate_call
 from envace.types import EnvSpec, ExpectedAnswer, ExpectedCall, SuccessSpec, Task, ToolCall, canonical_json
 
@@ -315,9 +315,11 @@ def _check_call(call: dict[str, Any], task: Task, field: str) -> None:
 
 def _parse_tools(value: Any, environment: EnvSpec | None) -> tuple[dict[str, Any], ...]:
     """The task's tools: given explicitly, or derived from the environment class."""
+    toolbox = environment is not None and is_toolbox(import_class(environment.class_path))
     if value is None:
-        if environment is None:
-            raise _FieldError("tools", "is required when no 'environment' is given")
+        if environment is None or toolbox:
+            need = "no 'environment' is given" if environment is None else "the environment is a toolbox"
+            raise _FieldError("tools", f"is required when {need}")
         try:
             return tuple(tool_schemas_from_class(import_class(environment.class_path)))
         except EnvironmentClassError as exc:
@@ -331,7 +333,7 @@ def _parse_tools(value: Any, environment: EnvSpec | None) -> tuple[dict[str, Any
         if name in seen:
             raise _FieldError(f"tools[{i}].function.name", f"duplicate tool name '{name}'")
         seen.add(name)
-    if environment is not None:
+    if environment is not None and not toolbox:  # a toolbox's tools are known per instance only
         _check_tools_in_environment(tools, environment)
     return tools
 

@@ -87,7 +87,8 @@ def tool_schemas_from_class(cls: type) -> list[dict[str, Any]]:
 class RealEnvironment:
     """One live instance of an environment class, executing tool calls.
 
-    Only the class's public methods (its tools) can be called; any other name is refused with an error observation.
+    Only the class's public methods (its tools) can be called, or, for a toolbox (``is_toolbox``), the names its
+    ``tool_names()`` lists; any other name is refused with an error observation.
     A tool that raises produces a normal error observation ``{"error": "<ExcType>: <message>"}``.
 
     Attributes:
@@ -104,8 +105,10 @@ class RealEnvironment:
         """
         self.spec = spec
         cls = import_class(spec.class_path)
-        self.tool_names: tuple[str, ...] = tuple(public_methods(cls))
         self._instance = cls(**copy.deepcopy(spec.init_args))
+        self.toolbox = is_toolbox(self._instance)
+        names = self._instance.tool_names() if self.toolbox else public_methods(cls)
+        self.tool_names: tuple[str, ...] = tuple(names)
         self.calls_made = 0
 
     def execute(self, call: ToolCall) -> tuple[str, bool]:
@@ -121,12 +124,24 @@ class RealEnvironment:
             available = ", ".join(self.tool_names)
             return _error_content(f"unknown tool '{call.name}'; available: {available}"), False
         self.calls_made += 1
+        if self.toolbox:  # it serialises its own results (and reports its own errors in them)
+            return self._instance.call_tool(call.name, copy.deepcopy(call.arguments)), True
         method = getattr(self._instance, call.name)  # safe: the name is one of the class's public methods
         try:
             value = method(**copy.deepcopy(call.arguments))  # the instance may keep (and mutate) what it is given
         except Exception as exc:  # noqa: BLE001 - a tool error is a normal observation
             return _error_content(f"{type(exc).__name__}: {exc}"), False
         return json.dumps(value, ensure_ascii=False, default=str), True
+
+
+def is_toolbox(instance: Any) -> bool:
+    """Whether an environment instance lists and runs its tools itself (a toolbox) rather than as public methods.
+
+    A toolbox defines ``tool_names() -> list[str]`` and ``call_tool(name, arguments) -> str`` (the response text):
+    for tool sets known only per instance, such as a benchmark entry's classes or a remote tool server. Its task must
+    list its ``tools`` (they cannot be derived from the class).
+    """
+    return callable(getattr(instance, "tool_names", None)) and callable(getattr(instance, "call_tool", None))
 
 
 def _error_content(message: str) -> str:

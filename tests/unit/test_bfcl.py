@@ -145,3 +145,47 @@ def test_a_tiny_random_policy_runs_end_to_end_deterministically(tiny_tokenizer) 
         runs.append((result["valid"], [e.act.token_ids for e in result["episodes"]]))
         assert 0.0 <= result["accuracy"] <= 1.0
     assert runs[0] == runs[1]  # the same seed: the same rollouts and the same verdicts
+
+
+# -- training tasks (the train split) ----------------------------------------------------------------------------------
+
+
+def test_split_holds_out_a_quarter_and_training_refuses_it() -> None:
+    from envace.benchmarks.bfcl import split_ids, training_task
+
+    train, held_out = split_ids("multi_turn_base")
+    assert len(train) == 150 and len(held_out) == 50 and not set(train) & set(held_out)
+    assert "multi_turn_base_0" in held_out and "multi_turn_base_1" in train
+    (entry,) = load_multi_turn("multi_turn_base", ids=["multi_turn_base_4"])
+    with pytest.raises(ValueError, match="multi_turn_base_4 is held out for evaluation"):
+        training_task(entry)
+
+
+def test_exported_training_tasks_load_train_and_run_in_the_real_world(tmp_path, tiny_tokenizer) -> None:
+    from envace.alignment import AlignmentRows, DemonstrationRows
+    from envace.benchmarks.bfcl import GoldPolicy, episode_calls, export_training_tasks, split_ids
+    from envace.data.tasks import load_tasks
+    from envace.rollout.runner import EpisodeRunner, RolloutConfig
+    from envace.worlds import RealWorld, RehearseWorld
+
+    path = tmp_path / "bfcl_train.jsonl"
+    counts = export_training_tasks(["multi_turn_base"], path)
+    assert counts["written"] + counts["skipped_schema"] == 150 and counts["written"] >= 145
+    tasks = {t.id: t for t in load_tasks(path)}
+    assert not set(tasks) & set(split_ids("multi_turn_base")[1])  # no held-out entry
+    task = tasks["multi_turn_base_1"]
+    (entry,) = load_multi_turn("multi_turn_base", ids=["multi_turn_base_1"])
+    world = RealWorld()  # the task's own environment: envace.benchmarks.bfcl.BFCLToolbox
+    world.bind(tiny_tokenizer, model=None)
+    config = RolloutConfig(act_temperature=0.0, max_turns=40, max_tool_calls=80, max_context_tokens=32768,
+                           check_render=True)
+    (episode,) = EpisodeRunner(tiny_tokenizer, config).run([task], [0], GoldPolicy(entry, tiny_tokenizer), world)
+    assert check_multi_turn(entry, episode_calls(entry, episode))["valid"]
+    assert episode.stats.real_calls == len(episode.calls) and episode.stats.invalid_arguments == 0
+    # the reference (gold calls, real responses, later user turns) feeds the warm start and the alignment term
+    prompter = RehearseWorld()
+    prompter.bind(tiny_tokenizer, model=None)
+    rows = AlignmentRows(tiny_tokenizer, prompter, max_per_task=100).rows([task])
+    assert len(rows) == len(episode.calls)
+    (demo,) = DemonstrationRows(tiny_tokenizer).rows([task])
+    assert sum(demo.loss_mask) > 0
