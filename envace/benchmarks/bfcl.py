@@ -31,6 +31,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from envace.benchmarks.scripted import ScriptedPolicy
+
 MULTI_TURN = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context")
 """The multi-turn categories (each 200 entries in bfcl-eval 2026.3.23)."""
 
@@ -419,8 +421,8 @@ def evaluate_multi_turn(entries: list[BFCLEntry], engine: Any, tokenizer: Any, r
     return {"accuracy": sum(valid.values()) / len(valid) if valid else 0.0, "valid": valid, "episodes": episodes}
 
 
-class GoldPolicy:
-    """An ``Engine`` that replays one entry's ground truth through the rollout, as a policy would.
+class GoldPolicy(ScriptedPolicy):
+    """A policy that replays one entry's ground truth through the rollout.
 
     Per turn it answers with one act turn holding all the turn's gold calls (``<tool_call>`` blocks, arguments named
     from the method signatures), then a plain-text answer. It serves one episode at a time.
@@ -428,34 +430,15 @@ class GoldPolicy:
 
     def __init__(self, entry: BFCLEntry, tokenizer: Any) -> None:
         env = BFCLEnvironment(entry)
-        self.tokenizer = tokenizer
-        self.generated_tokens = 0
-        self.script: list[str] = []
+        script = []
         for turn in entry.ground_truth:
             calls = [c for text in turn for c in parse_calls(text)]
             if calls:
-                self.script.append("\n".join(
+                script.append("\n".join(
                     "<tool_call>\n" + json.dumps({"name": c.name, "arguments": bind_arguments(env, c)})
                     + "\n</tool_call>" for c in calls))
-            self.script.append("Done.")
-
-    def generate(self, prompts: list[list[int]], params: Any) -> list[Any]:
-        """The next scripted act turn.
-
-        Raises:
-            ValueError: more than one prompt (one episode at a time), or the script is exhausted.
-        """
-        from envace.policy.chat import encode
-        from envace.rollout.engine import Generation
-
-        if len(prompts) > 1 or (prompts and not self.script):
-            raise ValueError("GoldPolicy serves one episode at a time, for as many act turns as its script holds")
-        out = []
-        for _ in prompts:
-            ids = encode(self.tokenizer, self.script.pop(0)) + [self.tokenizer.eos_token_id]
-            self.generated_tokens += len(ids)
-            out.append(Generation(ids, True))
-        return out
+            script.append("Done.")
+        super().__init__(tokenizer, script)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

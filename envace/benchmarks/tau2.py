@@ -20,6 +20,8 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
+from envace.benchmarks.scripted import ScriptedPolicy
+
 DOMAINS = ("airline", "retail", "telecom")
 SPLITS = ("base", "train", "test")
 SOLO_DOMAINS = ("telecom",)
@@ -107,6 +109,17 @@ def reward(task: Any, trajectory: list[Any], domain: str, solo: bool = False) ->
     return float(value)
 
 
+def _fresh_environment(task: Any, domain: str, solo: bool) -> Any:
+    """A fresh environment of ``domain`` in the task's initial state."""
+    env = environment_constructor(domain, solo)()
+    state = task.initial_state
+    if state is not None:
+        env.set_state(initialization_data=state.initialization_data,
+                      initialization_actions=state.initialization_actions,
+                      message_history=state.message_history or [])
+    return env
+
+
 def gold_trajectory(task: Any, domain: str, solo: bool = False) -> list[Any]:
     """The task's gold actions as a trajectory.
 
@@ -116,12 +129,7 @@ def gold_trajectory(task: Any, domain: str, solo: bool = False) -> list[Any]:
     require_tau2()
     from tau2.data_model.message import AssistantMessage, ToolCall, UserMessage
 
-    env = environment_constructor(domain, solo)()
-    state = task.initial_state
-    if state is not None:
-        env.set_state(initialization_data=state.initialization_data,
-                      initialization_actions=state.initialization_actions,
-                      message_history=state.message_history or [])
+    env = _fresh_environment(task, domain, solo)
     trajectory: list[Any] = []
     for index, action in enumerate(task.evaluation_criteria.actions or []):
         requestor = "assistant" if solo else action.requestor
@@ -144,16 +152,6 @@ def null_trajectory() -> list[Any]:
 # ---------------------------------------------------------------------------------------------------------------------
 # Telecom solo through envace's rollout
 # ---------------------------------------------------------------------------------------------------------------------
-
-
-def _fresh_environment(task: Any, domain: str, solo: bool) -> Any:
-    env = environment_constructor(domain, solo)()
-    state = task.initial_state
-    if state is not None:
-        env.set_state(initialization_data=state.initialization_data,
-                      initialization_actions=state.initialization_actions,
-                      message_history=state.message_history or [])
-    return env
 
 
 def to_task(task: Any, domain: str = "telecom") -> Any:
@@ -253,8 +251,8 @@ def evaluate_solo(tasks: list[Any], engine: Any, tokenizer: Any, rollout: Any | 
             "floor": floor, "episodes": episodes}
 
 
-class GoldSoloPolicy:
-    """An ``Engine`` that replays one solo task's gold actions, one call per act turn, then a closing message.
+class GoldSoloPolicy(ScriptedPolicy):
+    """A policy that replays one solo task's gold actions, one call per act turn, then a closing message.
 
     The closing message says what the task needs communicated. It serves one episode at a time.
     """
@@ -262,28 +260,7 @@ class GoldSoloPolicy:
     def __init__(self, task: Any, tokenizer: Any) -> None:
         import json
 
-        self.tokenizer = tokenizer
-        self.generated_tokens = 0
-        self.script = [
-            "<tool_call>\n" + json.dumps({"name": a.name, "arguments": a.arguments}) + "\n</tool_call>"
-            for a in task.evaluation_criteria.actions or []
-        ]
-        self.script.append(" ".join(task.evaluation_criteria.communicate_info or []) or "Done.")
-
-    def generate(self, prompts: list[list[int]], params: Any) -> list[Any]:
-        """The next scripted act turn.
-
-        Raises:
-            ValueError: more than one prompt, or the script is exhausted.
-        """
-        from envace.policy.chat import encode
-        from envace.rollout.engine import Generation
-
-        if len(prompts) > 1 or (prompts and not self.script):
-            raise ValueError("GoldSoloPolicy serves one episode at a time, for as many act turns as its script holds")
-        out = []
-        for _ in prompts:
-            ids = encode(self.tokenizer, self.script.pop(0)) + [self.tokenizer.eos_token_id]
-            self.generated_tokens += len(ids)
-            out.append(Generation(ids, True))
-        return out
+        script = ["<tool_call>\n" + json.dumps({"name": a.name, "arguments": a.arguments}) + "\n</tool_call>"
+                  for a in task.evaluation_criteria.actions or []]
+        script.append(" ".join(task.evaluation_criteria.communicate_info or []) or "Done.")
+        super().__init__(tokenizer, script)

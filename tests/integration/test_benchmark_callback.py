@@ -22,14 +22,19 @@ CALLBACK = json.dumps([{
 }])
 
 
-@pytest.mark.slow
-def test_benchmark_scores_are_logged_during_a_tiny_fit(tmp_path: Path) -> None:
-    args = ["fit", "--config", TINY, "--trainer.max_steps=2", "--trainer.limit_val_batches=0",
-            f"--trainer.default_root_dir={tmp_path}", f"--trainer.logger.init_args.save_dir={tmp_path}",
-            f"--trainer.callbacks={CALLBACK}", "--model.rollout.max_turns=2", "--model.rollout.act_max_new_tokens=8"]
+def _run(tmp_path: Path, command: str, *extra: str):
+    """``envace <command>`` on the tiny config with the callback; returns the CLI and the callback."""
+    args = [command, "--config", TINY, f"--trainer.default_root_dir={tmp_path}",
+            f"--trainer.logger.init_args.save_dir={tmp_path}", f"--trainer.callbacks={CALLBACK}",
+            "--model.rollout.max_turns=2", "--model.rollout.act_max_new_tokens=8", *extra]
     with mock.patch.object(sys, "argv", ["envace"]):
         cli = main(args)
-    callback = next(c for c in cli.trainer.callbacks if type(c).__name__ == "BenchmarkEvaluation")
+    return cli, next(c for c in cli.trainer.callbacks if type(c).__name__ == "BenchmarkEvaluation")
+
+
+@pytest.mark.slow
+def test_benchmark_scores_are_logged_during_a_tiny_fit(tmp_path: Path) -> None:
+    _, callback = _run(tmp_path, "fit", "--trainer.max_steps=2", "--trainer.limit_val_batches=0")
     assert [r["step"] for r in callback.history] == [1, 2]  # every step; the final one is not repeated at fit end
     scalars = _scalars(tmp_path)
     for tag in ("bench/bfcl_multi_turn_base", "bench/tau2_telecom_solo_pass1", "bench/tau2_floor"):
@@ -49,11 +54,6 @@ def test_bad_settings_are_refused_by_name() -> None:
 
 @pytest.mark.slow
 def test_the_callback_scores_a_checkpoint_under_envace_test(tmp_path: Path) -> None:
-    args = ["test", "--config", TINY, "--trainer.limit_test_batches=1", "--data.test_tasks=builtin:bank-test:2",
-            f"--trainer.default_root_dir={tmp_path}", f"--trainer.logger.init_args.save_dir={tmp_path}",
-            f"--trainer.callbacks={CALLBACK}", "--model.rollout.max_turns=2", "--model.rollout.act_max_new_tokens=8"]
-    with mock.patch.object(sys, "argv", ["envace"]):
-        cli = main(args)
-    callback = next(c for c in cli.trainer.callbacks if type(c).__name__ == "BenchmarkEvaluation")
+    _, callback = _run(tmp_path, "test", "--trainer.limit_test_batches=1", "--data.test_tasks=builtin:bank-test:2")
     assert len(callback.history) == 1 and set(callback.history[0]["scores"]) == {
         "bfcl_multi_turn_base", "tau2_telecom_solo_pass1", "tau2_floor"}
