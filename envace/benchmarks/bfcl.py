@@ -36,6 +36,14 @@ from envace.benchmarks.scripted import ScriptedPolicy
 MULTI_TURN = ("multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context")
 """The multi-turn categories (each 200 entries in bfcl-eval 2026.3.23)."""
 
+NEEDS_NETWORK = {
+    "web_search": "it queries a live search API (SerpAPI) over the network",
+    "web_search_base": "it queries a live search API (SerpAPI) over the network",
+    "web_search_no_snippet": "it queries a live search API (SerpAPI) over the network",
+    "memory_vector": "its memory backend downloads a sentence-embedding model from a hub when imported",
+}
+"""BFCL-v4 agentic categories that cannot run offline, with the reason (the offline aggregate leaves them out)."""
+
 PACKAGE_HINT = "pip install --no-deps bfcl-eval==2026.3.23 (scripts/setup_env.sh installs it with its light needs)"
 
 
@@ -110,6 +118,9 @@ def load_multi_turn(category: str, ids: list[str] | None = None, limit: int | No
         ValueError: an unknown category or id (the valid ones are listed).
         ImportError: bfcl-eval is not installed.
     """
+    if category in NEEDS_NETWORK:
+        raise ValueError(f"BFCL category '{category}' is not run: {NEEDS_NETWORK[category]}, and envace's benchmark "
+                         "harnesses run offline (it is left out of the offline score, not counted as 0)")
     if category not in MULTI_TURN:
         raise ValueError(f"unknown BFCL multi-turn category '{category}'; valid: {', '.join(MULTI_TURN)}")
     raws, answers = _category_files(category)

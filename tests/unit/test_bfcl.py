@@ -46,6 +46,8 @@ def test_parse_calls_refuses_anything_but_literal_calls(text: str) -> None:
 def test_unknown_categories_and_ids_list_the_valid_ones() -> None:
     with pytest.raises(ValueError, match="valid: multi_turn_base, multi_turn_miss_func"):
         load_multi_turn("multi_turn_composite")
+    with pytest.raises(ValueError, match="'web_search' is not run: it queries a live search API"):
+        load_multi_turn("web_search")
     with pytest.raises(ValueError, match=r"unknown multi_turn_base id\(s\) \['multi_turn_base_999'\].*_199"):
         load_multi_turn("multi_turn_base", ids=["multi_turn_base_999"])
 
