@@ -31,12 +31,10 @@ from envace.policy import TinyPolicy  # noqa: E402  (its tokenizer renders the g
 
 
 def gold_policy_accuracy(entries: list[bfcl.BFCLEntry]) -> float:
-    """The gold policy's accuracy through envace's rollout, scored by BFCL; NaN for miss_func (not run yet).
+    """The gold policy's accuracy through envace's rollout, scored by BFCL.
 
-    Its tool-call text is parsed, schema-checked and executed as a policy's would be.
+    Its tool-call text is parsed and executed as a policy's would be, under BFCL's inference protocol.
     """
-    if any(e.raw.get("missed_function") for e in entries):
-        return float("nan")
     _, tokenizer = TinyPolicy().build()
     return statistics.fmean(
         bfcl.evaluate_multi_turn([e], bfcl.GoldPolicy(e, tokenizer), tokenizer)["accuracy"] for e in entries
@@ -85,8 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     lines = ["| BFCL-v4 multi-turn category | entries | gold calls valid (BFCL checker) | gold policy through the "
              "rollout | fidelity EM, real env as rehearser | s |", "|---|---|---|---|---|---|"]
     bfcl_result = bfcl_rows(args.bfcl_limit)
-    lines += [f"| {c} | {n} | {v:.3f} | {'n/a (miss_func)' if p != p else f'{p:.3f}'} | {e:.3f} | {s:.1f} |"
-              for c, n, v, p, e, s in bfcl_result]
+    lines += [f"| {c} | {n} | {v:.3f} | {p:.3f} | {e:.3f} | {s:.1f} |" for c, n, v, p, e, s in bfcl_result]
     lines += ["", f"| tau^2 domain, {args.tau2_split} split | tasks | gold reward | do-nothing reward (floor) | s |",
               "|---|---|---|---|---|"]
     tau2_result = tau2_rows(args.tau2_split)

@@ -34,8 +34,7 @@ class BenchmarkEvaluation(L.Callback):
         every_n_steps: evaluate every this many optimiser steps (0: only at the end).
         at_fit_end: evaluate when ``fit`` ends.
         on_test: evaluate at the end of ``envace test`` (a checkpoint's scores).
-        bfcl_categories: BFCL multi-turn categories (``multi_turn_base``, ``multi_turn_miss_param``,
-            ``multi_turn_long_context``); empty: no BFCL.
+        bfcl_categories: BFCL multi-turn categories (``envace.benchmarks.bfcl.MULTI_TURN``); empty: no BFCL.
         bfcl_limit: first entries of each category (None: all 200).
         tau2_split: tau^2 telecom split (``base``, ``train``, ``test``); None: no tau^2.
         tau2_limit: first tasks of the split (None: all).
@@ -63,9 +62,9 @@ class BenchmarkEvaluation(L.Callback):
 
         categories = ["multi_turn_base"] if bfcl_categories is None else list(bfcl_categories)
         for category in categories:
-            if category not in bfcl.MULTI_TURN or category == "multi_turn_miss_func":
-                valid = [c for c in bfcl.MULTI_TURN if c != "multi_turn_miss_func"]
-                raise ValueError(f"bfcl_categories: '{category}' is not run by the policy harness; valid: {valid}")
+            if category not in bfcl.MULTI_TURN:
+                raise ValueError(f"bfcl_categories: '{category}' is not a multi-turn category; valid: "
+                                 f"{', '.join(bfcl.MULTI_TURN)}")
         if tau2_split is not None and tau2_split not in tau2.SPLITS:
             raise ValueError(f"tau2_split: '{tau2_split}'; valid: {', '.join(tau2.SPLITS)} or null")
         if every_n_steps < 0 or tau2_trials < 1:

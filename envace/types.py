@@ -102,6 +102,9 @@ class Task:
         environment: optional real environment.
         user_turns: later user turns of a multi-turn conversation: each entry's user messages are delivered when the
             act role ends the previous turn with a plain-text answer (BFCL multi-turn, tau^2 with a scripted user).
+        tool_unlocks: per later user turn, the names of the tools that become available with it (BFCL's
+            ``miss_func``); a tool named here is hidden before (not rendered, refused as unknown). The user turn's
+            text must describe the new tools: the rendered tool list never changes mid-conversation.
     """
 
     id: str
@@ -112,6 +115,16 @@ class Task:
     world_context: str | None = None
     environment: EnvSpec | None = None
     user_turns: tuple[tuple[dict[str, Any], ...], ...] = ()
+    tool_unlocks: tuple[tuple[str, ...], ...] = ()
+
+    def hidden_tools(self) -> set[str]:
+        """Names of the tools unlocked by a later user turn (hidden until then)."""
+        return {name for names in self.tool_unlocks for name in names}
+
+    def visible_tools(self) -> list[dict[str, Any]]:
+        """The tools rendered in the act role's prompt (all but the hidden ones)."""
+        hidden = self.hidden_tools()
+        return [spec for spec in self.tools if spec["function"]["name"] not in hidden]
 
     def tool(self, name: str) -> dict[str, Any] | None:
         """The function schema (the ``function`` dict) of tool ``name``, or None if the task has no such tool."""

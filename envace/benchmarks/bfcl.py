@@ -339,28 +339,39 @@ def tool_schemas(entry: BFCLEntry) -> list[dict[str, Any]]:
 def to_task(entry: BFCLEntry) -> Any:
     """The entry as an envace ``Task``: its first turn as the chat, the others as ``user_turns``.
 
-    ``success`` lists the gold calls (for envace's own rewards); the benchmark's score is BFCL's checker
-    (``evaluate_multi_turn``).
-
-    Raises:
-        ValueError: a ``miss_func`` entry (functions added mid-conversation are not supported yet).
+    A ``miss_func`` entry's held-out functions are ``tool_unlocks`` of the turn that brings them; that turn's user
+    message is BFCL's own prompt for added functions, with their schemas (the rendered tool list cannot change
+    mid-conversation). ``success`` lists the gold calls (for envace's own rewards); the benchmark's score is BFCL's
+    checker (``evaluate_multi_turn``).
     """
     from envace.types import ExpectedCall, SuccessSpec, Task
 
-    if entry.raw.get("missed_function"):
-        raise ValueError(f"{entry.id}: functions added mid-conversation (miss_func) are not supported by the policy "
-                         "harness yet; its gold replay runs through check_multi_turn")
     env = BFCLEnvironment(entry)
     expected = tuple(ExpectedCall(c.name, bind_arguments(env, c)) for turn in entry.ground_truth for text in turn
                      for c in parse_calls(text))
-    first, *later = entry.turns
+    schemas = tool_schemas(entry)
+    missed = {int(turn): tuple(names) for turn, names in (entry.raw.get("missed_function") or {}).items()}
+    later = [_turn_messages(turn, missed.get(index, ()), schemas) for index, turn in enumerate(entry.turns)][1:]
     return Task(
         id=entry.id,
-        messages=({"role": "system", "content": SYSTEM_PROMPT}, *first),
-        tools=tuple(tool_schemas(entry)),
+        messages=({"role": "system", "content": SYSTEM_PROMPT}, *entry.turns[0]),
+        tools=tuple(schemas),
         success=SuccessSpec(calls=expected, ordered=True),
-        user_turns=tuple(tuple(turn) for turn in later),
+        user_turns=tuple(later),
+        tool_unlocks=tuple(missed.get(index, ()) for index in range(1, len(entry.turns))) if missed else (),
     )
+
+
+def _turn_messages(turn: tuple[dict[str, Any], ...], added: tuple[str, ...],
+                   schemas: list[dict[str, Any]]) -> tuple[dict[str, Any], ...]:
+    """A turn's user messages; a turn that brings functions gets BFCL's prompt for them, with their schemas."""
+    if not added:
+        return tuple(turn)
+    from bfcl_eval.constants.default_prompts import DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_PROMPTING
+
+    docs = json.dumps([s for s in schemas if s["function"]["name"] in added])
+    text = DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_PROMPTING.format(functions=docs)
+    return (*turn, {"role": "user", "content": text})
 
 
 def bind_arguments(env: BFCLEnvironment, call: PyCall) -> dict[str, Any]:
@@ -424,7 +435,7 @@ def evaluate_multi_turn(entries: list[BFCLEntry], engine: Any, tokenizer: Any, r
     config = rollout or RolloutConfig(act_temperature=0.0, max_turns=200, max_tool_calls=400,
                                       max_context_tokens=32768)
     # BFCL's protocol: at most 20 steps per user turn, and calls reach the environment without a schema check
-    config = replace(config, max_steps_per_user_turn=config.max_steps_per_user_turn or 20, validate_arguments=False)
+    config = replace(config, max_steps_per_user_turn=config.max_steps_per_user_turn or 20, validate_calls=False)
     tasks = [to_task(e) for e in entries]
     world = BFCLWorld(entries)
     episodes = EpisodeRunner(tokenizer, config).run(tasks, list(range(len(tasks))), engine, world)

@@ -234,7 +234,7 @@ def evaluate_solo(tasks: list[Any], engine: Any, tokenizer: Any, rollout: Any | 
 
     require_tau2()
     config = rollout or RolloutConfig(act_temperature=0.0, max_turns=30, max_tool_calls=30, max_context_tokens=65536)
-    config = replace(config, validate_arguments=False)  # tau^2's tools answer bad arguments themselves
+    config = replace(config, validate_calls=False)  # tau^2's tools answer bad arguments themselves
     converted = [to_task(t, domain) for t in tasks for _ in range(trials)]
     world = Tau2World(tasks, domain, solo=True)
     episodes = EpisodeRunner(tokenizer, config).run(converted, [i // trials for i in range(len(converted))], engine,

@@ -22,7 +22,9 @@ from envace.envs.real import EnvironmentClassError, import_class, is_toolbox, pu
 from envace.roles.parsing import json_type_name, validate_call
 from envace.types import EnvSpec, ExpectedAnswer, ExpectedCall, SuccessSpec, Task, ToolCall, canonical_json
 
-TOP_KEYS = ("id", "messages", "tools", "success", "reference", "world_context", "environment", "user_turns")
+TOP_KEYS = (
+    "id", "messages", "tools", "success", "reference", "world_context", "environment", "user_turns", "tool_unlocks",
+)
 SUCCESS_KEYS = ("calls", "ordered", "answer", "forbid_extra_calls")
 CALL_KEYS = ("name", "arguments", "weight")
 ANSWER_KEYS = ("equals", "contains", "weight")
@@ -177,6 +179,7 @@ def _parse_task(record: Any) -> Task:
         environment=environment,
         user_turns=_parse_user_turns(record.get("user_turns", [])),
     )
+    task = replace(task, tool_unlocks=_parse_tool_unlocks(record.get("tool_unlocks", []), task))
     if record.get("reference") is None:
         return task
     reference = _parse_messages(record["reference"], "reference", allow_empty=True)
@@ -243,6 +246,22 @@ def _parse_user_turns(value: Any) -> tuple[tuple[dict[str, Any], ...], ...]:
                 raise _FieldError(f"user_turns[{i}][{j}].role", f"must be 'user', got {json.dumps(message['role'])}")
         turns.append(messages)
     return tuple(turns)
+
+
+def _parse_tool_unlocks(value: Any, task: Task) -> tuple[tuple[str, ...], ...]:
+    """Per later user turn, the names of the tools it makes available."""
+    if not isinstance(value, list) or len(value) > len(task.user_turns):
+        raise _FieldError("tool_unlocks", f"must be a list of at most {len(task.user_turns)} lists of tool names "
+                                          "(one per user turn)")
+    unlocks = []
+    for i, names in enumerate(value):
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise _FieldError(f"tool_unlocks[{i}]", "must be a list of tool names")
+        for j, name in enumerate(names):
+            if task.tool(name) is None:
+                raise _FieldError(f"tool_unlocks[{i}][{j}]", f"'{name}' is not one of the task's tools")
+        unlocks.append(tuple(names))
+    return tuple(unlocks)
 
 
 def _parse_message(value: Any, field: str) -> dict[str, Any]:
@@ -472,6 +491,8 @@ def task_to_record(task: Task) -> dict[str, Any]:
         record["environment"] = {"class_path": task.environment.class_path, "init_args": task.environment.init_args}
     if task.user_turns:
         record["user_turns"] = [list(turn) for turn in task.user_turns]
+    if task.tool_unlocks:
+        record["tool_unlocks"] = [list(names) for names in task.tool_unlocks]
     return record
 
 

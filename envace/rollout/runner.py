@@ -46,9 +46,10 @@ class RolloutConfig:
             split.
         max_steps_per_user_turn: in a multi-turn conversation (``Task.user_turns``), most act turns per user turn;
             reaching it moves on to the next user turn (BFCL's rule: 20). 0: no limit.
-        validate_arguments: refuse calls whose arguments break the tool's JSON schema (``INVALID_ARGUMENTS``);
-            off, they reach the environment, which answers as it does (benchmarks whose protocol has no schema
-            check, such as BFCL's executor).
+        validate_calls: check calls before they reach the environment: their arguments against the tool's JSON
+            schema (``INVALID_ARGUMENTS``), and tools a later user turn brings (``Task.tool_unlocks``), refused as
+            unknown until then. Off, both reach the environment, which answers as it does: the protocol of
+            benchmarks whose executors check neither (BFCL, tau^2). Tools the task does not have are always refused.
     """
 
     max_turns: int = 8
@@ -64,7 +65,7 @@ class RolloutConfig:
     check_render: bool = False
     generate_batch_size: int = 64
     max_steps_per_user_turn: int = 0
-    validate_arguments: bool = True
+    validate_calls: bool = True
 
     def act_params(self) -> SamplingParams:
         """Sampling of the act role."""
@@ -87,6 +88,7 @@ class _Live:
     done: bool = False
     user_turn: int = 0  # index of the user turn being answered (0: the task's own messages)
     turn_steps: int = 0  # act turns in this user turn
+    unlocked: set[str] = field(default_factory=set)  # hidden tools the user turns delivered so far brought
 
 
 class EpisodeRunner:
@@ -134,7 +136,7 @@ class EpisodeRunner:
 
     def _start(self, index: int, task: Task, group: int, world: World) -> _Live:
         messages = [dict(m) for m in task.messages]
-        stream = prompt_stream(self.tokenizer, messages, list(task.tools))
+        stream = prompt_stream(self.tokenizer, messages, task.visible_tools())
         act = Sample([], [], [], Role.ACT, episode_index=index, group_index=group)
         episode = Episode(task=task, group_index=group, messages=[dict(m) for m in messages], act=act)
         return _Live(episode, stream, messages, world.open(task))
@@ -197,7 +199,14 @@ class EpisodeRunner:
     def _check(self, call: ToolCall | CallError, s: _Live) -> ToolCall | CallError:
         if isinstance(call, CallError):
             return call
-        error = validate_call(call, s.episode.task, self.config.validate_arguments)
+        task = s.episode.task
+        available = [spec["function"]["name"] for spec in task.visible_tools()] + sorted(s.unlocked)
+        hidden_but_allowed = not self.config.validate_calls and task.tool(call.name) is not None
+        if call.name not in available and not hidden_but_allowed:  # never name hidden tools in the error
+            s.episode.stats.unknown_tools += 1
+            listed = ", ".join(available) or "(none)"
+            return CallError("UNKNOWN_TOOL", f"tool '{call.name}' is not available; available: {listed}")
+        error = validate_call(call, task, self.config.validate_calls)
         if error is not None:
             stats = s.episode.stats
             stats.unknown_tools += int(error.code == "UNKNOWN_TOOL")
@@ -251,7 +260,7 @@ class EpisodeRunner:
             new.append({"role": "tool", "name": name, "content": content})
         s.transcript.extend({"role": "tool", "content": m["content"]} for m in new)
         s.episode.messages.extend(new)
-        append_messages(s.stream, self.tokenizer, s.transcript, list(s.episode.task.tools), Role.TOOL)
+        append_messages(s.stream, self.tokenizer, s.transcript, s.episode.task.visible_tools(), Role.TOOL)
         if self.config.check_render:
             self.check_render(s)
 
@@ -279,12 +288,14 @@ class EpisodeRunner:
             s.done = True
             return
         messages = ([{"role": "assistant", "content": ""}] if cut else []) + [dict(m) for m in turns[s.user_turn]]
+        unlocks = s.episode.task.tool_unlocks
+        s.unlocked.update(unlocks[s.user_turn] if s.user_turn < len(unlocks) else ())
         s.user_turn += 1
         s.turn_steps = 0
         s.episode.stats.user_turns += 1
         s.transcript.extend(messages)
         s.episode.messages.extend(messages)
-        append_messages(s.stream, self.tokenizer, s.transcript, list(s.episode.task.tools), Role.USER)
+        append_messages(s.stream, self.tokenizer, s.transcript, s.episode.task.visible_tools(), Role.USER)
         if self.config.check_render:
             self.check_render(s)
 
@@ -295,7 +306,7 @@ class EpisodeRunner:
         """Debug check: the act stream decodes to the template's render of the transcript."""
         from envace.policy.chat import render
 
-        expected = render(self.tokenizer, s.transcript, list(s.episode.task.tools), add_generation_prompt=True)
+        expected = render(self.tokenizer, s.transcript, s.episode.task.visible_tools(), add_generation_prompt=True)
         decoded = decode(self.tokenizer, s.stream.ids)
         if decoded != expected or s.stream.text != expected:
             raise AssertionError(f"token stream of episode {s.episode.act.episode_index} diverged from the render")

@@ -46,8 +46,8 @@ def test_benchmark_scores_are_logged_during_a_tiny_fit(tmp_path: Path) -> None:
 def test_bad_settings_are_refused_by_name() -> None:
     from callbacks.benchmark_eval import BenchmarkEvaluation
 
-    with pytest.raises(ValueError, match="bfcl_categories: 'multi_turn_miss_func' is not run"):
-        BenchmarkEvaluation(bfcl_categories=["multi_turn_miss_func"])
+    with pytest.raises(ValueError, match="bfcl_categories: 'multi_turn_composite' is not a multi-turn category"):
+        BenchmarkEvaluation(bfcl_categories=["multi_turn_composite"])
     with pytest.raises(ValueError, match="tau2_split: 'dev'"):
         BenchmarkEvaluation(tau2_split="dev")
 

@@ -30,4 +30,4 @@ def test_harness_check_on_a_few_entries(capsys) -> None:
     rows = module.bfcl_rows(limit=2)
     assert [r[0] for r in rows] == list(module.bfcl.MULTI_TURN)
     assert all(r[2] == 1.0 and r[4] == 1.0 for r in rows)  # gold calls valid, fidelity EM 1
-    assert [r[3] == 1.0 for r in rows] == [True, False, True, True]  # miss_func: NaN (not run through the rollout)
+    assert all(r[3] == 1.0 for r in rows)  # the gold policy through the rollout, every category

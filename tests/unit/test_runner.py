@@ -668,6 +668,22 @@ def test_schema_checks_can_be_left_to_the_environment(tok):
     bad = call_text("get_balance", {"account": 5})  # the schema wants a string
     world = RealWorld()
     world.bind(tok, model=None)
-    (ep,), _, _ = run(tok, [bad, "?"], world=world, validate_arguments=False)
+    (ep,), _, _ = run(tok, [bad, "?"], world=world, validate_calls=False)
     assert ep.stats.invalid_arguments == 0 and ep.stats.real_calls == 1
     assert tool_messages(ep)[0]["content"] == '{"error": "ValueError: unknown account \'5\'"}'
+
+
+def test_a_tool_brought_by_a_later_user_turn_is_hidden_until_then(tok):
+    deposit = call_text("deposit", {"account": "A1", "amount": 5})
+    task = Task(**{**two_turn_task().__dict__, "tool_unlocks": (("deposit",),)})
+    assert "deposit" not in {t["function"]["name"] for t in task.visible_tools()}
+    world = RealWorld()
+    world.bind(tok, model=None)
+    (ep,), _, _ = run(tok, [deposit, "?", deposit, "125"], tasks=[task], world=world)  # check_render: never rendered
+    first, second = tool_messages(ep)
+    assert error_of(first)["code"] == "UNKNOWN_TOOL"
+    assert "deposit" not in error_of(first)["message"].split("available:")[1]  # hidden tools are never listed
+    assert second["content"] == '{"account": "A1", "balance": 125}' and ep.stats.unknown_tools == 1
+    # a protocol without call checks (BFCL's executor) lets the environment answer it at once
+    (ep,), _, _ = run(tok, [deposit, "125", "?"], tasks=[task], world=world, validate_calls=False)
+    assert tool_messages(ep)[0]["content"] == '{"account": "A1", "balance": 125}'

@@ -263,3 +263,15 @@ def test_user_turns_parse_round_trip_and_refuse_other_roles(tmp_path: Path) -> N
     assert "field 'user_turns[1]': must be a non-empty list" in load_error(tmp_path, [make_record(user_turns=[turns[0],
                                                                                                       []])])
     assert "field 'user_turns': must be a list of turns" in load_error(tmp_path, [make_record(user_turns="hi")])
+
+
+def test_tool_unlocks_name_tools_of_the_task(tmp_path: Path) -> None:
+    turns = [[{"role": "user", "content": "Now deposit 5."}]]
+    record = make_record(user_turns=turns, tool_unlocks=[["get_balance"]])
+    task = parse_task(record)
+    assert task.tool_unlocks == (("get_balance",),) and task.visible_tools() == []
+    assert parse_task(json.loads(json.dumps(task_to_record(task)))) == task
+    bad = make_record(user_turns=turns, tool_unlocks=[["nope"]])
+    assert "field 'tool_unlocks[0][0]': 'nope' is not one of the task's tools" in load_error(tmp_path, [bad])
+    long = make_record(user_turns=turns, tool_unlocks=[[], []])
+    assert "field 'tool_unlocks': must be a list of at most 1" in load_error(tmp_path, [long])
