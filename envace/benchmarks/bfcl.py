@@ -7,6 +7,7 @@ vehicle, messages, posting, tickets, math). envace never ``eval``s model output:
   function name with literal arguments, anything else is refused (``UnsafeCallError``);
 - ``BFCLEnvironment`` holds one fresh instance of each involved class per rollout and calls the method by name
   (``getattr`` on a public method of an involved class), serialising results as BFCL does;
+- converted tasks (``to_task``) name ``BFCLToolbox`` as their environment, so envace's ``RealWorld`` runs them;
 - scoring uses BFCL's ``multi_turn_checker`` (state check and response check per turn, as the benchmark authors
   score it). That checker ``eval``s call strings, so it only ever gets ``canonical_call`` strings rebuilt from parsed,
   literal-only calls; its module-level instance cache is cleared after every check.
@@ -344,7 +345,7 @@ def to_task(entry: BFCLEntry) -> Any:
     mid-conversation). ``success`` lists the gold calls (for envace's own rewards); the benchmark's score is BFCL's
     checker (``evaluate_multi_turn``).
     """
-    from envace.types import ExpectedCall, SuccessSpec, Task
+    from envace.types import EnvSpec, ExpectedCall, SuccessSpec, Task
 
     env = BFCLEnvironment(entry)
     expected = tuple(ExpectedCall(c.name, bind_arguments(env, c)) for turn in entry.ground_truth for text in turn
@@ -359,6 +360,7 @@ def to_task(entry: BFCLEntry) -> Any:
         success=SuccessSpec(calls=expected, ordered=True),
         user_turns=tuple(later),
         tool_unlocks=tuple(missed.get(index, ()) for index in range(1, len(entry.turns))) if missed else (),
+        environment=EnvSpec("envace.benchmarks.bfcl.BFCLToolbox", {"category": entry.category, "entry_id": entry.id}),
     )
 
 
@@ -383,37 +385,6 @@ def bind_arguments(env: BFCLEnvironment, call: PyCall) -> dict[str, Any]:
     return dict(bound.arguments)
 
 
-class BFCLWorld:
-    """Executes calls on a fresh ``BFCLEnvironment`` per episode (the entry is found from the task id)."""
-
-    generates_with_policy = False
-
-    def __init__(self, entries: list[BFCLEntry]) -> None:
-        self.entries = {e.id: e for e in entries}
-
-    def begin_rollout(self, step: int) -> None:
-        """Nothing is scheduled."""
-
-    def bind(self, tokenizer: Any, model: Any) -> None:
-        """Nothing to bind: the environment does not generate."""
-
-    def open(self, task: Any) -> BFCLEnvironment:
-        """A fresh environment of the task's entry."""
-        if task.id not in self.entries:
-            raise ValueError(f"BFCLWorld: no entry for task '{task.id}'")
-        return BFCLEnvironment(self.entries[task.id])
-
-    def respond(self, requests: list[Any], engine: Any, params: Any) -> list[Any]:
-        """Execute each call by name with its JSON arguments."""
-        from envace.worlds.base import ToolReply
-
-        replies = []
-        for req in requests:
-            content = req.handle.execute(PyCall(req.call.name, (), tuple(req.call.arguments.items())))
-            replies.append(ToolReply(content=content, ok=True, source="real", real_calls=1, real_content=content))
-        return replies
-
-
 def episode_calls(entry: BFCLEntry, episode: Any) -> list[list[list[PyCall]]]:
     """An episode's calls as ``[turn][step]`` for the checker (turns the episode never reached are empty)."""
     turns: list[list[list[PyCall]]] = [[] for _ in entry.ground_truth]
@@ -431,13 +402,14 @@ def evaluate_multi_turn(entries: list[BFCLEntry], engine: Any, tokenizer: Any, r
     (``max_steps_per_user_turn``), and arguments are not checked against the schemas (the environment answers).
     """
     from envace.rollout.runner import EpisodeRunner, RolloutConfig
+    from envace.worlds import RealWorld
 
     config = rollout or RolloutConfig(act_temperature=0.0, max_turns=200, max_tool_calls=400,
                                       max_context_tokens=32768)
     # BFCL's protocol: at most 20 steps per user turn, and calls reach the environment without a schema check
     config = replace(config, max_steps_per_user_turn=config.max_steps_per_user_turn or 20, validate_calls=False)
     tasks = [to_task(e) for e in entries]
-    world = BFCLWorld(entries)
+    world = RealWorld()  # each task's environment is its entry's BFCLToolbox
     episodes = EpisodeRunner(tokenizer, config).run(tasks, list(range(len(tasks))), engine, world)
     valid = {e.id: bool(check_multi_turn(e, episode_calls(e, ep))["valid"]) for e, ep in zip(entries, episodes)}
     return {"accuracy": sum(valid.values()) / len(valid) if valid else 0.0, "valid": valid, "episodes": episodes}
@@ -527,20 +499,17 @@ def reference_messages(entry: BFCLEntry) -> list[dict[str, Any]]:
 def training_task(entry: BFCLEntry) -> Any:
     """A train-split entry as an envace training task, for SFT, alignment, rehearsal and real RL.
 
-    It is ``to_task`` plus its reference (gold calls with real responses) and its environment (``BFCLToolbox``).
+    It is ``to_task`` (whose environment is the entry's ``BFCLToolbox``) plus its reference: gold calls with real
+    responses.
 
     Raises:
         ValueError: the entry is held out for evaluation (``split_ids``).
     """
-    from envace.types import EnvSpec
-
     number = int(entry.id.rsplit("_", 1)[1])
     if number % EVAL_EVERY == 0:
         raise ValueError(f"{entry.id} is held out for evaluation (ids divisible by {EVAL_EVERY}); train on the others")
     task = to_task(entry)
-    return replace(task, reference=tuple(reference_messages(entry)),
-                   environment=EnvSpec("envace.benchmarks.bfcl.BFCLToolbox",
-                                       {"category": entry.category, "entry_id": entry.id}))
+    return replace(task, reference=tuple(reference_messages(entry)))
 
 
 def export_training_tasks(categories: list[str], path: str | Path) -> dict[str, int]:

@@ -200,10 +200,10 @@ class EpisodeRunner:
         if isinstance(call, CallError):
             return call
         task = s.episode.task
-        available = [spec["function"]["name"] for spec in task.visible_tools()] + sorted(s.unlocked)
-        hidden_but_allowed = not self.config.validate_calls and task.tool(call.name) is not None
-        if call.name not in available and not hidden_but_allowed:  # never name hidden tools in the error
-            s.episode.stats.unknown_tools += 1
+        hidden = task.tool(call.name) is not None and call.name in task.hidden_tools() - s.unlocked
+        if task.tool(call.name) is None or (hidden and self.config.validate_calls):
+            s.episode.stats.unknown_tools += 1  # the error never names a hidden tool
+            available = [spec["function"]["name"] for spec in task.visible_tools()] + sorted(s.unlocked)
             listed = ", ".join(available) or "(none)"
             return CallError("UNKNOWN_TOOL", f"tool '{call.name}' is not available; available: {listed}")
         error = validate_call(call, task, self.config.validate_calls)
