@@ -116,6 +116,7 @@ class Task:
     environment: EnvSpec | None = None
     user_turns: tuple[tuple[dict[str, Any], ...], ...] = ()
     tool_unlocks: tuple[tuple[str, ...], ...] = ()
+    user: str | None = None
 
     def hidden_tools(self) -> set[str]:
         """Names of the tools unlocked by a later user turn (hidden until then)."""

@@ -24,6 +24,7 @@ from envace.types import EnvSpec, ExpectedAnswer, ExpectedCall, SuccessSpec, Tas
 
 TOP_KEYS = (
     "id", "messages", "tools", "success", "reference", "world_context", "environment", "user_turns", "tool_unlocks",
+    "user",
 )
 SUCCESS_KEYS = ("calls", "ordered", "answer", "forbid_extra_calls")
 CALL_KEYS = ("name", "arguments", "weight")
@@ -178,6 +179,7 @@ def _parse_task(record: Any) -> Task:
         world_context=_optional_str(record.get("world_context"), "world_context"),
         environment=environment,
         user_turns=_parse_user_turns(record.get("user_turns", [])),
+        user=_optional_str(record.get("user"), "user"),
     )
     task = replace(task, tool_unlocks=_parse_tool_unlocks(record.get("tool_unlocks", []), task))
     if record.get("reference") is None:
@@ -493,6 +495,8 @@ def task_to_record(task: Task) -> dict[str, Any]:
         record["user_turns"] = [list(turn) for turn in task.user_turns]
     if task.tool_unlocks:
         record["tool_unlocks"] = [list(names) for names in task.tool_unlocks]
+    if task.user is not None:
+        record["user"] = task.user
     return record
 
 
