@@ -243,6 +243,9 @@ class EpisodeStats:
     turn_limit: bool = False  # ended by max_turns
     user_turns: int = 1  # user turns the act role was given (the first message included)
     step_limits: int = 0  # user turns cut by max_steps_per_user_turn
+    user_stop: bool = False  # the simulated user ended the conversation
+    user_turn_limit: bool = False  # ended by max_user_turns with a simulated user
+    user_failures: int = 0  # simulated-user replies that could not be produced (the episode ended; not scored)
     call_limit: bool = False  # ended by max_tool_calls
     context_limit: bool = False  # ended by the context cap
     ended_by_error: bool = False  # ended because an error was configured to end the episode

@@ -19,6 +19,7 @@ from envace.roles.parsing import CallError, parse_act_output, validate_call
 from envace.rollout.engine import Engine, Generation, SamplingParams
 from envace.rollout.stream import TokenStream, append_messages, prompt_stream
 from envace.types import Episode, Rehearsal, Role, Sample, Task, ToolCall
+from envace.users import UserRequest, UserSimulator
 from envace.worlds.base import ToolReply, ToolRequest, World
 
 ErrorPolicy = Literal["feedback", "end"]
@@ -46,6 +47,8 @@ class RolloutConfig:
             split.
         max_steps_per_user_turn: in a multi-turn conversation (``Task.user_turns``), most act turns per user turn;
             reaching it moves on to the next user turn (BFCL's rule: 20). 0: no limit.
+        max_user_turns: with a simulated user (``EpisodeRunner.run(user=...)``), most user turns in an episode, the
+            first included; the episode ends when the act role answers the last one. 0: no limit.
         validate_calls: check calls before they reach the environment: their arguments against the tool's JSON
             schema (``INVALID_ARGUMENTS``), and tools a later user turn brings (``Task.tool_unlocks``), refused as
             unknown until then. Off, both reach the environment, which answers as it does: the protocol of
@@ -65,6 +68,7 @@ class RolloutConfig:
     check_render: bool = False
     generate_batch_size: int = 64
     max_steps_per_user_turn: int = 0
+    max_user_turns: int = 0
     validate_calls: bool = True
 
     def act_params(self) -> SamplingParams:
@@ -81,7 +85,7 @@ class _Live:
     """Mutable state of one running episode."""
 
     episode: Episode
-    stream: TokenStream
+    stream: TokenStream | None  # None until a simulated user has written the opening message
     transcript: list[dict[str, Any]]  # messages as rendered: assistant content is the raw generated text
     handle: Any
     pending: list[ToolRequest | CallError] = field(default_factory=list)
@@ -89,6 +93,8 @@ class _Live:
     user_turn: int = 0  # index of the user turn being answered (0: the task's own messages)
     turn_steps: int = 0  # act turns in this user turn
     unlocked: set[str] = field(default_factory=set)  # hidden tools the user turns delivered so far brought
+    awaiting_user: bool = False  # the simulated user writes next
+    user_state: dict[str, Any] = field(default_factory=dict)  # the user simulator's scratch space
 
 
 class EpisodeRunner:
@@ -111,6 +117,7 @@ class EpisodeRunner:
         world: World,
         world_engine: Engine | None = None,
         any_active: Callable[[bool], bool] | None = None,
+        user: UserSimulator | None = None,
     ) -> list[Episode]:
         """Run one episode per task until all are done.
 
@@ -123,11 +130,18 @@ class EpisodeRunner:
             any_active: cross-rank reduction of "some episode is still running" for sharded models: every rank then
                 runs the same number of micro-steps and joins each batched generation, with a one-token dummy
                 prompt when it has nothing to generate. None on a single process.
+            user: writes the user's turns after the scripted ones of tasks with ``Task.user`` (``envace.users``); it
+                generates with its own model, never the policy's engine.
+
+        Raises:
+            ValueError: a task whose messages end with an assistant message (the user opens) without a simulator.
         """
+        self.user = user
         live = [self._start(i, t, g, world) for i, (t, g) in enumerate(zip(tasks, group_indices))]
         lockstep = any_active is not None
         reduce = any_active or (lambda active: active)
         while reduce(any(not s.done for s in live)):
+            self._user_step([s for s in live if s.awaiting_user and not s.done])
             self._act_step([s for s in live if not s.done], engine, lockstep)
             self._world_step([s for s in live if s.pending], world, world_engine or engine, lockstep)
         return [self._finish(s) for s in live]
@@ -136,15 +150,24 @@ class EpisodeRunner:
 
     def _start(self, index: int, task: Task, group: int, world: World) -> _Live:
         messages = [dict(m) for m in task.messages]
-        stream = prompt_stream(self.tokenizer, messages, task.visible_tools())
+        opens = messages[-1]["role"] == "assistant"  # a greeting: the simulated user writes the first message
+        if opens and not self._simulates(task):
+            raise ValueError(f"task '{task.id}': its messages end with an assistant message, so the user opens the "
+                             "conversation; that needs Task.user and a user simulator (EpisodeRunner.run(user=...))")
+        stream = None if opens else prompt_stream(self.tokenizer, messages, task.visible_tools())
         act = Sample([], [], [], Role.ACT, episode_index=index, group_index=group)
         episode = Episode(task=task, group_index=group, messages=[dict(m) for m in messages], act=act)
-        return _Live(episode, stream, messages, world.open(task))
+        episode.stats.user_turns = 0 if opens else 1
+        return _Live(episode, stream, messages, world.open(task), awaiting_user=opens)
+
+    def _simulates(self, task: Task) -> bool:
+        return self.user is not None and task.user is not None
 
     def _finish(self, s: _Live) -> Episode:
-        s.episode.act.token_ids = s.stream.ids
-        s.episode.act.role_ids = s.stream.roles
-        s.episode.act.loss_mask = s.stream.mask
+        stream = s.stream or TokenStream()
+        s.episode.act.token_ids = stream.ids
+        s.episode.act.role_ids = stream.roles
+        s.episode.act.loss_mask = stream.mask
         return s.episode
 
     # -- act role ---------------------------------------------------------------------------------------------------
@@ -152,10 +175,10 @@ class EpisodeRunner:
     def _act_step(self, states: list[_Live], engine: Engine, lockstep: bool) -> None:
         budget = self.config.act_max_new_tokens
         for s in states:
-            if len(s.stream) + budget > self.config.max_context_tokens:
+            if s.stream is not None and len(s.stream) + budget > self.config.max_context_tokens:
                 s.episode.stats.context_limit = True
                 s.done = True
-        states = [s for s in states if not s.done]
+        states = [s for s in states if not s.done and not s.awaiting_user]
         if not states:
             if lockstep:
                 self._dummy_generate(engine)
@@ -278,26 +301,67 @@ class EpisodeRunner:
             self._next_user_turn(s, cut=True)
 
     def _next_user_turn(self, s: _Live, cut: bool = False) -> None:
-        """Deliver the task's next user turn, or end the episode after its last one.
+        """Deliver the task's next user turn, hand over to the simulated user, or end the episode.
 
         ``cut``: the act role's turn was cut by the step limit while the stream already holds the generation prompt
         of its next message; that message is closed empty, so the stream stays the template's render.
         """
         turns = s.episode.task.user_turns
-        if s.user_turn >= len(turns):
+        closing = [{"role": "assistant", "content": ""}] if cut else []
+        if s.user_turn < len(turns):
+            unlocks = s.episode.task.tool_unlocks
+            s.unlocked.update(unlocks[s.user_turn] if s.user_turn < len(unlocks) else ())
+            s.user_turn += 1
+            self._deliver_user(s, closing + [dict(m) for m in turns[s.user_turn - 1]])
+        elif self._simulates(s.episode.task) and not self._user_turns_spent(s):
+            if closing:  # the cut turn is closed now, so the user sees a finished conversation
+                s.transcript.extend(closing)
+                s.episode.messages.extend(closing)
+            s.awaiting_user = True
+        else:
+            s.episode.stats.user_turn_limit = self._simulates(s.episode.task)
             s.done = True
-            return
-        messages = ([{"role": "assistant", "content": ""}] if cut else []) + [dict(m) for m in turns[s.user_turn]]
-        unlocks = s.episode.task.tool_unlocks
-        s.unlocked.update(unlocks[s.user_turn] if s.user_turn < len(unlocks) else ())
-        s.user_turn += 1
+
+    def _user_turns_spent(self, s: _Live) -> bool:
+        limit = self.config.max_user_turns
+        return 0 < limit <= s.episode.stats.user_turns
+
+    def _deliver_user(self, s: _Live, messages: list[dict[str, Any]]) -> None:
+        """Append a user turn to the transcript, the messages and the act stream (built here if the user opened)."""
         s.turn_steps = 0
         s.episode.stats.user_turns += 1
         s.transcript.extend(messages)
         s.episode.messages.extend(messages)
-        append_messages(s.stream, self.tokenizer, s.transcript, s.episode.task.visible_tools(), Role.USER)
+        tools = s.episode.task.visible_tools()
+        if s.stream is None:
+            s.stream = prompt_stream(self.tokenizer, s.transcript, tools)
+        else:
+            append_messages(s.stream, self.tokenizer, s.transcript, tools, Role.USER)
         if self.config.check_render:
             self.check_render(s)
+
+    # -- simulated user ---------------------------------------------------------------------------------------------
+
+    def _user_step(self, states: list[_Live]) -> None:
+        """The simulated user writes the next message of every episode waiting for it (one batched call)."""
+        if not states:
+            return
+        assert self.user is not None
+        requests = [UserRequest(s.episode.task, s.episode.messages, s.user_state, s.handle, s.episode.act.episode_index)
+                    for s in states]
+        for s, reply in zip(states, self.user.respond(requests)):
+            s.awaiting_user = False
+            stats = s.episode.stats
+            if reply.failed:
+                stats.user_failures += 1
+                s.done = True
+            elif reply.stop:
+                stats.user_stop = True
+                if reply.content:  # kept in the conversation, never shown to the act role
+                    s.episode.messages.append({"role": "user", "content": reply.content})
+                s.done = True
+            else:
+                self._deliver_user(s, [{"role": "user", "content": reply.content}])
 
     def _dummy_generate(self, engine: Engine) -> None:
         engine.generate([[self.tokenizer.eos_token_id]], SamplingParams(max_new_tokens=1))
@@ -306,6 +370,7 @@ class EpisodeRunner:
         """Debug check: the act stream decodes to the template's render of the transcript."""
         from envace.policy.chat import render
 
+        assert s.stream is not None
         expected = render(self.tokenizer, s.transcript, s.episode.task.visible_tools(), add_generation_prompt=True)
         decoded = decode(self.tokenizer, s.stream.ids)
         if decoded != expected or s.stream.text != expected:
