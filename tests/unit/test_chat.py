@@ -131,3 +131,15 @@ def test_check_chat_template(tiny_tokenizer) -> None:
 def test_turn_tail_needs_assistant_last(tiny_tokenizer) -> None:
     with pytest.raises(ValueError, match="assistant message last"):
         turn_tail(tiny_tokenizer, SNAPSHOTS[2], None)
+
+
+def test_a_prompt_holding_parallel_tool_responses_streams_as_the_render(tiny_tokenizer) -> None:
+    from envace.rollout.stream import prompt_stream
+    from envace.types import Role
+
+    messages = [*SNAPSHOTS[2], {"role": "user", "content": "Thanks. And now?"}]  # a history with parallel responses
+    stream = prompt_stream(tiny_tokenizer, messages, TOOLS)
+    assert stream.text == render(tiny_tokenizer, messages, TOOLS, add_generation_prompt=True)
+    tool_tokens = [t for t, r in zip(stream.ids, stream.roles) if r == Role.TOOL]
+    assert '{"balance": 10}' in tiny_tokenizer.decode(tool_tokens) and '{"balance": 20}' in tiny_tokenizer.decode(
+        tool_tokens)
