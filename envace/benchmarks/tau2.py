@@ -169,9 +169,10 @@ GREETING = "Hi! How can I help you today?"
 def user_guidelines(with_tools: bool = False) -> str:
     """tau^2's own user-simulation guidelines (the variant for users with tools in telecom)."""
     require_tau2()
-    from tau2.user.user_simulator import get_global_user_sim_guidelines
+    from tau2.utils import DATA_DIR  # the simulator module itself imports litellm; its guideline files do not
 
-    return get_global_user_sim_guidelines(use_tools=with_tools)
+    name = "simulation_guidelines_tools.md" if with_tools else "simulation_guidelines.md"
+    return (DATA_DIR / "tau2" / "user_simulator" / name).read_text(encoding="utf-8")
 
 
 def to_task(task: Any, domain: str = "telecom", mode: str = "solo") -> Any:
@@ -338,7 +339,8 @@ def evaluate(tasks: list[Any], engine: Any, tokenizer: Any, domain: str = "telec
         rewards[task_id].append(value)
     successes = [[r >= 1.0 for r in per_task] for per_task in rewards.values() if per_task]
     floor = sum(reward(t, null_trajectory(), domain, solo=solo) for t in tasks) / len(tasks)
-    return {"rewards": rewards, "pass_hat": {k: pass_hat_k(successes, k) for k in range(1, trials + 1)},
+    most = min((len(s) for s in successes), default=0)  # pass^k over tasks with k scored trials (failures left out)
+    return {"rewards": rewards, "pass_hat": {k: pass_hat_k(successes, k) for k in range(1, most + 1)},
             "floor": floor, "failed": failed, "episodes": episodes}
 
 

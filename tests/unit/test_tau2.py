@@ -76,3 +76,121 @@ def test_a_tiny_random_policy_runs_telecom_solo_deterministically(tiny_tokenizer
         assert set(result["pass_hat"]) == {1, 2}
         runs.append((result["rewards"], [e.act.token_ids for e in result["episodes"]]))
     assert runs[0] == runs[1]
+
+
+# -- user mode: a simulated user writes the user turns ---------------------------------------------------------------
+
+TELECOM_USER_TASK = "[mobile_data_issue]data_saver_mode_on|user_abroad_roaming_enabled_off[PERSONA:Easy]"
+
+
+def scripted_user(tokenizer, lines: list[str]):
+    """A simulated user's model that says ``lines`` in order (the user's own tool calls included)."""
+    from helpers import ScriptedEngine
+
+    from envace.chat_model import ChatModel
+
+    return ChatModel.from_engine(ScriptedEngine(tokenizer, lines), tokenizer)
+
+
+def test_user_mode_conversion_opens_with_the_greeting_and_the_users_scenario() -> None:
+    from envace.benchmarks.tau2 import GREETING, to_task
+
+    task = load_tasks("telecom", "test", ids=[TELECOM_USER_TASK])[0]
+    converted = to_task(task, "telecom", mode="user")
+    assert converted.messages[1] == {"role": "assistant", "content": GREETING}
+    assert converted.user == f"<scenario>\n{task.user_scenario}\n</scenario>"
+    names = {t["function"]["name"] for t in converted.tools}
+    assert "get_customer_by_phone" in names and "toggle_roaming" not in names  # the phone is the user's
+    with pytest.raises(ValueError, match="unknown tau\\^2 mode 'duet'; valid: solo, user"):
+        to_task(task, "telecom", mode="duet")
+
+
+def test_retail_gold_actions_with_a_simulated_user_earn_the_full_reward(tiny_tokenizer) -> None:
+    from envace.benchmarks.tau2 import GoldSoloPolicy, evaluate
+
+    task = load_tasks("retail", "test")[0]
+    user = scripted_user(tiny_tokenizer, ["I want to return some items.", "Thanks! ###STOP###"])
+    result = evaluate([task], GoldSoloPolicy(task, tiny_tokenizer), tiny_tokenizer, "retail", "user", user=user)
+    (episode,) = result["episodes"]
+    assert result["rewards"] == {task.id: [1.0]} and episode.stats.user_stop and episode.stats.user_turns == 1
+    assert result["failed"] == {} and result["floor"] == 0.0  # retail test task 0 cannot be passed by refusing
+
+
+def test_an_episode_its_user_did_not_end_scores_zero_and_a_failed_user_is_not_scored(tiny_tokenizer) -> None:
+    from envace.benchmarks.tau2 import GoldSoloPolicy, evaluate
+    from envace.chat_model import ChatModel
+    from envace.rollout.runner import RolloutConfig
+
+    task = load_tasks("retail", "test")[0]
+    user = scripted_user(tiny_tokenizer, ["I want to return some items."])
+    config = RolloutConfig(act_temperature=0.0, max_turns=30, max_context_tokens=65536, max_user_turns=1)
+    result = evaluate([task], GoldSoloPolicy(task, tiny_tokenizer), tiny_tokenizer, "retail", "user", user=user,
+                      rollout=config)
+    assert result["rewards"] == {task.id: [0.0]}  # the right actions, but the conversation was cut, as upstream
+    silent = ChatModel.from_engine(scripted_user(tiny_tokenizer, []).engine, tiny_tokenizer, max_prompt_tokens=4)
+    result = evaluate([task], GoldSoloPolicy(task, tiny_tokenizer), tiny_tokenizer, "retail", "user", user=silent)
+    assert result["rewards"] == {task.id: []} and result["failed"] == {task.id: 1} and result["pass_hat"] == {}
+
+
+def test_the_telecom_user_operates_the_phone_and_the_evaluators_see_it(tiny_tokenizer) -> None:
+    from helpers import ScriptedEngine
+
+    from envace.benchmarks.tau2 import evaluate
+
+    task = load_tasks("telecom", "test", ids=[TELECOM_USER_TASK])[0]
+    call = '<tool_call>\n{{"name": "{}", "arguments": {{}}}}\n</tool_call>'
+    user = scripted_user(tiny_tokenizer, [
+        "My mobile data does not work abroad.",
+        call.format("toggle_data_saver_mode"), call.format("toggle_roaming"), "Done, both toggled.",
+        "It works now. ###STOP###",
+    ])
+    agent = ScriptedEngine(tiny_tokenizer, ["Please turn off data saver mode and turn on roaming.", "Great."])
+    result = evaluate([task], agent, tiny_tokenizer, "telecom", "user", user=user)
+    (episode,) = result["episodes"]
+    assert result["rewards"] == {task.id: [1.0]}
+    assert [m["content"] for m in episode.messages if m["role"] == "user"] == [
+        "My mobile data does not work abroad.", "Done, both toggled.", "It works now."]
+    assert not episode.calls  # the agent made no call: the phone's calls were the user's
+    # without the user's calls the assertions fail
+    user = scripted_user(tiny_tokenizer, ["My mobile data does not work abroad.", "I won't. ###STOP###"])
+    agent = ScriptedEngine(tiny_tokenizer, ["Please turn off data saver mode and turn on roaming."])
+    assert evaluate([task], agent, tiny_tokenizer, "telecom", "user", user=user)["rewards"] == {task.id: [0.0]}
+
+
+# -- training tasks ----------------------------------------------------------------------------------------------------
+
+
+def test_training_tasks_hold_out_the_test_split_and_carry_gold_references() -> None:
+    import json
+
+    from envace.benchmarks.tau2_train import Tau2Toolbox, training_task
+    from envace.data.tasks import parse_task, task_to_record
+
+    with pytest.raises(ValueError, match="in the test split, held out"):
+        training_task(load_tasks("retail", "test")[0], "retail", "user")
+    task = load_tasks("retail", "train")[0]
+    converted = training_task(task, "retail", "user")
+    assert parse_task(json.loads(json.dumps(task_to_record(converted)))) == converted  # the loader takes it
+    gold = [a.name for a in task.evaluation_criteria.actions]
+    assert [c.name for c in converted.success.calls] == gold and not converted.success.ordered
+    calls = [m["tool_calls"][0]["function"]["name"] for m in converted.reference if m.get("tool_calls")]
+    assert calls == gold and converted.reference[-1]["role"] == "assistant"
+    toolbox = Tau2Toolbox("retail", task.id)
+    assert "get_order_details" in toolbox.tool_names()
+    assert toolbox.call_tool("get_order_details", {"order_id": "#nope"}) == "Error: Order not found"
+
+
+def test_tau2_reward_replays_the_episodes_calls_whatever_answered_them(tiny_tokenizer) -> None:
+    from dataclasses import replace
+
+    from envace.benchmarks.tau2 import GoldSoloPolicy, evaluate
+    from envace.benchmarks.tau2_train import Tau2Reward
+
+    task = load_tasks("telecom", "test")[0]
+    (episode,) = evaluate([task], GoldSoloPolicy(task, tiny_tokenizer), tiny_tokenizer)["episodes"]
+    assert Tau2Reward()(episode) == 1.0
+    episode.calls.clear()  # as if the rehearsed world had answered nothing real: the replay decides
+    assert Tau2Reward()(episode) == 0.0
+    episode.task = replace(episode.task, environment=None)  # not a converted task
+    with pytest.raises(ValueError, match="Tau2Reward scores tau\\^2 tasks"):
+        Tau2Reward()(episode)
