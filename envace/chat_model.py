@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from envace.policy.chat import decode, encode, render
+from envace.policy.hf import Policy
 from envace.rollout.engine import Engine, HFEngine, SamplingParams
 
 
@@ -47,7 +48,7 @@ class ChatModel:
 
     def __init__(
         self,
-        policy: Any = None,
+        policy: Policy | None = None,
         max_new_tokens: int = 512,
         temperature: float = 0.0,
         top_p: float = 1.0,

@@ -28,6 +28,7 @@ from envace.rollout.engine import HFEngine, SamplingParams
 from envace.rollout.runner import EpisodeRunner, RolloutConfig
 from envace.scoring import score_episodes
 from envace.types import Episode, Task
+from envace.users import UserSimulator
 from envace.worlds.base import World
 from envace.worlds.rehearse import RehearseWorld
 
@@ -72,12 +73,13 @@ class PolicyEvaluator(nn.Module):
         rollout: budgets; sampling is made greedy here.
         fidelity: measure the rehearsal fidelity of the reference calls.
         imagined: also run every task in the policy's own rehearsed world and log ``imagined_success``.
+        user: the simulated user of tasks with ``Task.user``.
     """
 
     def __init__(self, world: World, prompter: RehearseWorld, rewards: list[Reward], rollout: RolloutConfig,
-                 fidelity: bool = True, imagined: bool = True) -> None:
+                 fidelity: bool = True, imagined: bool = True, user: UserSimulator | None = None) -> None:
         super().__init__()
-        self.world, self.prompter, self.rewards = world, prompter, rewards
+        self.world, self.prompter, self.rewards, self.user = world, prompter, rewards, user
         self.rollout = replace(rollout, act_temperature=0.0, rehearse_temperature=0.0)
         self.with_fidelity, self.with_imagined = fidelity, imagined
         self.means = nn.ModuleDict(
@@ -97,7 +99,7 @@ class PolicyEvaluator(nn.Module):
         any_active = _any_active(module) if module.trainer.world_size > 1 else None
         indices = list(range(len(tasks)))
         with torch.no_grad():
-            episodes = runner.run(tasks, indices, act, self.world, rehearse, any_active=any_active)
+            episodes = runner.run(tasks, indices, act, self.world, rehearse, any_active=any_active, user=self.user)
             score_episodes(episodes, self.rewards)
             self.last_episodes = episodes
             means = self.means[prefix]
@@ -105,7 +107,8 @@ class PolicyEvaluator(nn.Module):
                 means[key].update(torch.tensor(value), weight=len(episodes))  # weight 0 on an empty batch
                 module.log(f"{prefix}/{key}", means[key], on_step=False, on_epoch=True)
             if self.with_imagined:
-                imagined = runner.run(tasks, indices, act, self.prompter, rehearse, any_active=any_active)
+                imagined = runner.run(tasks, indices, act, self.prompter, rehearse, any_active=any_active,
+                                      user=self.user)
                 score_episodes(imagined, self.rewards)
                 success = sum(float(e.success) for e in imagined) / len(imagined) if imagined else 0.0
                 self.imagined[prefix].update(torch.tensor(success), weight=len(imagined))

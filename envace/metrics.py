@@ -51,6 +51,9 @@ def rollout_metrics(episodes: list[Episode]) -> dict[str, float]:
         "call_limit_rate": _rate(sum(s.call_limit for s in stats), n),
         "context_limit_rate": _rate(sum(s.context_limit for s in stats), n),
         "error_end_rate": _rate(sum(s.ended_by_error for s in stats), n),
+        "user_turns_per_episode": _rate(sum(s.user_turns for s in stats), n),
+        "user_stop_rate": _rate(sum(s.user_stop for s in stats), n),  # conversations the simulated user ended
+        "user_failures": float(sum(s.user_failures for s in stats)),  # simulated-user replies that failed
     }
 
 

@@ -44,6 +44,7 @@ from envace.rollout.runner import EpisodeRunner, RolloutConfig
 from envace.scoring import score_episodes
 from envace.types import Episode, Role, Task
 from envace.update import GRPOConfig, mean_stats, pack_rows, sum_heads
+from envace.users import ModelUser
 from envace.worlds.base import World
 from envace.worlds.rehearse import RehearseWorld, alignment_prompter
 
@@ -85,6 +86,8 @@ class EnvACEModule(PolicyModule):
             responses to the recorded real ones, teacher-forced on the validation tasks' reference calls, or the
             training tasks' without validation tasks) is below this: a world model that inaccurate is easier to game
             than to learn from. None skips the check.
+        user: a simulated user (a local model that is never trained) writing the user turns of tasks with
+            ``Task.user`` after their scripted ones, in training and evaluation (tau^2's user-mode tasks).
     """
 
     def __init__(
@@ -109,6 +112,7 @@ class EnvACEModule(PolicyModule):
         fidelity_gate: float | None = None,
         audit: WorldAudit | None = None,
         guard: CollusionGuard | None = None,
+        user: ModelUser | None = None,
     ) -> None:
         super().__init__()
         if fidelity_gate is not None and not 0.0 <= fidelity_gate <= 1.0:
@@ -141,8 +145,9 @@ class EnvACEModule(PolicyModule):
         self._bound = False
         self.prompter = alignment_prompter(self.world)  # the policy's own rehearse prompts (alignment, evaluation)
         self.quality = WorldQuality(self.world, audit, guard)
+        self.user = user
         self.evaluator = PolicyEvaluator(self.eval_world, self.prompter, self.rewards, rollout, eval_fidelity,
-                                         eval_imagined)
+                                         eval_imagined, user)
 
     # -- setup ------------------------------------------------------------------------------------------------------
 
@@ -195,6 +200,7 @@ class EnvACEModule(PolicyModule):
                 self.world,
                 self.rehearse_engine,
                 any_active=self._any_active if self.trainer.world_size > 1 else None,
+                user=self.user,
             )
         audited = self.quality.replay(episodes, int(self.global_step))
         score_episodes(episodes, self.rewards, self.shaping, self.quality.recorded)

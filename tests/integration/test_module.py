@@ -189,3 +189,24 @@ def test_lr_schedule_steps_once_per_optimiser_step_and_real_calls_are_totalled(t
     scalars = _scalars(tmp_path)
     logged, total = scalars["train/real_calls"], scalars["train/real_calls_total"]
     assert cli.model.real_calls_total == pytest.approx(sum(logged)) and total[-1] == pytest.approx(sum(logged))
+
+
+@pytest.mark.slow
+def test_a_simulated_user_writes_the_later_user_turns_in_training(tmp_path: Path, scripted_act: None) -> None:
+    import json
+
+    from envace.data.tasks import load_tasks, resolve_task_path, task_to_record
+
+    tasks = load_tasks(resolve_task_path("builtin:bank"))[:2]
+    path = tmp_path / "user_tasks.jsonl"
+    lines = [json.dumps({**task_to_record(t), "user": "You want your balance, then thank the agent."}) for t in tasks]
+    path.write_text("\n".join(lines) + "\n")
+    user = json.dumps({"model": {"policy": {"class_path": "envace.policy.TinyPolicy"}, "max_new_tokens": 6}})
+    cli = _run(tmp_path, "fit", "--trainer.max_steps=1", f"--data.train_tasks={path}", f"--model.user={user}",
+               "--model.rollout.max_user_turns=2", "--model.world=envace.worlds.RealWorld")
+    for episode in cli.model.last_episodes:
+        # call, answer; the simulated user's message; answer again; the user-turn limit ends it
+        assert episode.stats.user_turns == 2 and episode.stats.user_turn_limit
+        assert [m["role"] for m in episode.messages].count("user") == 2
+        assert episode.final_answer == "120"
+    assert cli.model.user.model.engine is not None  # built once, next to the policy

@@ -34,6 +34,8 @@ def episode_a() -> Episode:
         rehearse_parse_errors=1,
         rehearse_truncated=1,
         turn_limit=True,
+        user_turns=3,
+        user_stop=True,
     )
     rehearsals = [
         Rehearsal(CALL, "{}", True, rehearse_row([0, 1, 1, 1]), reward=0.5),  # 3 trained tokens
@@ -46,7 +48,7 @@ def episode_a() -> Episode:
 def episode_b() -> Episode:
     """2 act turns, 1 call executed by a real environment (no rehearse row), failed, ended by an error."""
     stats = EpisodeStats(act_turns=2, invalid_arguments=1, real_calls=1, real_answers=1, call_limit=True,
-                         ended_by_error=True)
+                         ended_by_error=True, user_failures=1)
     rehearsals = [Rehearsal(CALL, "{}", True, None, reward=0.0, source="real")]
     return Episode(TASK, 1, [], act_row([SYS, ACT]), rehearsals, [CALL], None, stats, reward=0.0, success=False)
 
@@ -77,6 +79,9 @@ def test_exact_rates() -> None:
         "call_limit_rate": 0.5,
         "context_limit_rate": 0.0,
         "error_end_rate": 0.5,
+        "user_turns_per_episode": 2.0,  # (3 + 1) user turns / 2 episodes
+        "user_stop_rate": 0.5,  # episode a's simulated user ended it
+        "user_failures": 1.0,  # episode b's user failed to reply
     }
     assert m.keys() == expected.keys()
     for key, value in expected.items():
