@@ -476,14 +476,17 @@ class BFCLToolbox:
 def reference_messages(entry: BFCLEntry) -> list[dict[str, Any]]:
     """The gold continuation of the entry's first user turn, with the real responses of a replay.
 
-    Per turn: the turn's user messages (after the first turn), one assistant message with the turn's gold calls and
-    their tool responses, then a plain-text close ("Done.").
+    Per turn: the turn's user messages (after the first turn; with BFCL's prompt for the functions a ``miss_func``
+    turn brings, as ``to_task`` delivers it), one assistant message with the turn's gold calls and their tool
+    responses, then a plain-text close ("Done.").
     """
     env = BFCLEnvironment(entry)
+    schemas = tool_schemas(entry)
+    missed = {int(turn): tuple(names) for turn, names in (entry.raw.get("missed_function") or {}).items()}
     messages: list[dict[str, Any]] = []
     for index, (turn, gold) in enumerate(zip(entry.turns, entry.ground_truth)):
         if index > 0:
-            messages += [dict(m) for m in turn]
+            messages += [dict(m) for m in _turn_messages(turn, missed.get(index, ()), schemas)]
         calls = [c for text in gold for c in parse_calls(text)]
         if calls:
             bound = [bind_arguments(env, c) for c in calls]
@@ -515,19 +518,16 @@ def training_task(entry: BFCLEntry) -> Any:
 def export_training_tasks(categories: list[str], path: str | Path) -> dict[str, int]:
     """Write the train split of ``categories`` as an envace task file (JSON Lines); returns counts.
 
-    Entries whose gold calls break their own tool schemas (a handful: BFCL never checks them) cannot be envace
-    training tasks and are skipped; so are ``miss_func`` entries (functions arriving mid-conversation).
+    Entries whose gold calls break their own tool schemas (a handful: BFCL never checks them), or call a function
+    before the turn that brings it, cannot be envace training tasks and are skipped (counted).
     """
     from envace.data.tasks import TaskFormatError, parse_task, task_to_record
 
-    counts = {"written": 0, "skipped_schema": 0, "skipped_miss_func": 0}
+    counts = {"written": 0, "skipped_schema": 0}
     lines = []
     for category in categories:
         train, _ = split_ids(category)
         for entry in load_multi_turn(category, ids=train):
-            if entry.raw.get("missed_function"):
-                counts["skipped_miss_func"] += 1
-                continue
             record = task_to_record(training_task(entry))
             try:
                 parse_task(json.loads(json.dumps(record)))  # exactly what the loader will check
@@ -548,7 +548,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Export BFCL-v4 multi-turn train-split entries as envace tasks.")
     parser.add_argument("--export", required=True, metavar="OUT.jsonl")
     parser.add_argument("--categories", nargs="+", default=["multi_turn_base"],
-                        choices=[c for c in MULTI_TURN if c != "multi_turn_miss_func"])
+                        choices=MULTI_TURN)
     args = parser.parse_args(argv)
     counts = export_training_tasks(args.categories, args.export)
     print(f"{args.export}: {counts}")  # noqa: T201 (a command line's result)

@@ -195,3 +195,19 @@ def test_exported_training_tasks_load_train_and_run_in_the_real_world(tmp_path, 
     assert len(rows) == len(episode.calls)
     (demo,) = DemonstrationRows(tiny_tokenizer).rows([task])
     assert sum(demo.loss_mask) > 0
+
+
+def test_miss_func_training_tasks_carry_the_added_function_prompt_in_their_reference(tmp_path) -> None:
+    from envace.benchmarks.bfcl import export_training_tasks
+    from envace.data.tasks import load_tasks
+
+    path = tmp_path / "miss_func.jsonl"
+    counts = export_training_tasks(["multi_turn_miss_func"], path)
+    assert counts == {"written": 149, "skipped_schema": 1}  # measured; the one skipped calls a tool before it arrives
+    task = {t.id: t for t in load_tasks(path)}["multi_turn_miss_func_1"]
+    assert task.tool_unlocks and any(task.tool_unlocks)
+    arrived = [n for names in task.tool_unlocks for n in names]
+    users = [m["content"] for m in task.reference if m["role"] == "user"]
+    assert any(f'"name": "{arrived[0]}"' in text for text in users)  # the same prompt to_task delivers
+    assert [m for turn in task.user_turns for m in turn if m["role"] == "user"] == [
+        m for m in task.reference if m["role"] == "user"]
