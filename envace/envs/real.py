@@ -111,6 +111,11 @@ class RealEnvironment:
         self.tool_names: tuple[str, ...] = tuple(names)
         self.calls_made = 0
 
+    @property
+    def instance(self) -> Any:
+        """The live environment object (for reading its state after an episode, e.g. a benchmark's final orders)."""
+        return self._instance
+
     def execute(self, call: ToolCall) -> tuple[str, bool]:
         """Run one call.
 

@@ -8,14 +8,12 @@ from typing import Any
 
 import pytest
 
-from envace.benchmarks.finmcp import (
-    FinMCPRecord,
+from envace.benchmarks.finmcp import FinMCPRecord, load_finmcp, parse_record
+from envace.benchmarks.finmcp_eval import (
     evaluate_finmcp,
     infer_tool_schemas,
-    load_finmcp,
     load_tool_schemas,
     normalised_messages,
-    parse_record,
     step_prompts,
     teacher_forced_steps,
 )

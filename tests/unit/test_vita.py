@@ -17,17 +17,8 @@ from typing import Any
 import pytest
 
 from envace.benchmarks import vita
-from envace.benchmarks.vita import (
-    RubricJudge,
-    VitaFormatError,
-    VitaToolbox,
-    load_vita,
-    order_match,
-    parse_judge_reply,
-    score_vita,
-    sliding_windows,
-    to_task,
-)
+from envace.benchmarks.vita import VitaFormatError, VitaToolbox, load_vita, to_task
+from envace.benchmarks.vita_scoring import RubricJudge, order_match, parse_judge_reply, score_vita, sliding_windows
 
 NOODLES = {"order_type": "delivery", "store_id": "S1", "location": {"address": "Ward 3"},
            "products": [{"product_id": "P1", "quantity": 2}, {"product_id": "P2", "quantity": 1}]}
@@ -500,3 +491,96 @@ def test_a_missing_vitabench_says_how_to_install_the_users_checkout(tmp_path, mo
         assert "not on PyPI" in message and "pip install -e <vitabench checkout>" in message and "\n" not in message
     with pytest.raises(ValueError, match="unknown VitaBench language 'klingon'"):
         vita.build_environment("delivery", task.environment, "klingon")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# End to end: the policy, a simulated user, the benchmark's environment and the judge
+# ---------------------------------------------------------------------------------------------------------------------
+
+BOWLS = dict(NOODLES, products=[{"product_id": "P1", "quantity": 2}])
+ORDER = {"store_id": "S1", "product_id": "P1", "quantity": "2", "address": "Ward 3"}
+
+
+def call_text(name: str, arguments: dict[str, Any]) -> str:
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+
+def small_rollout(**kwargs: Any) -> Any:
+    from envace.rollout.runner import RolloutConfig
+
+    return RolloutConfig(act_temperature=0.0, max_turns=10, max_tool_calls=10, max_context_tokens=8192, **kwargs)
+
+
+def test_episodes_run_end_to_end_and_a_budget_cut_one_scores_0_without_the_judge(tmp_path, stand_in_vita,
+                                                                                  tiny_tokenizer) -> None:
+    from helpers import ScriptedEngine
+
+    from envace.benchmarks.vita_eval import evaluate_vita
+    from envace.users import ScriptedUser
+
+    tasks = load_vita(write_tasks(tmp_path, [vita_task("T1", required=(BOWLS,)), vita_task("T2", required=(BOWLS,))]))
+    act = ScriptedEngine(tiny_tokenizer, [
+        call_text("search_stores", {"keyword": "Noodle"}), call_text("create_order", {"store_id": "S1"}),  # T1, T2
+        call_text("create_order", ORDER), "Sorry, I cannot help.",
+        "Your order OT0 is placed.", "Still cannot.",  # T1's user then stops; T2's second user turn was its last
+    ])
+    user = ScriptedUser({"T1": ["Two bowls of noodles to Ward 3, please.", None], "T2": ["Hello?", "Anyone?", "Hi?"]})
+    judge, judge_engine = make_judge(tiny_tokenizer, ['{"met": [1, 2, 3]}'])
+    rollout = small_rollout(max_user_turns=2, validate_calls=True)  # overridden: the environment answers bad calls
+    result = evaluate_vita(tasks, act, tiny_tokenizer, user, judge, rollout=rollout)
+    assert act.remaining == 0
+    assert [len(batch) for batch in judge_engine.batches] == [1]  # T1 only: T2 is not judged
+    (prompt,) = judge_engine.batches[0]
+    assert "[2] user: Two bowls of noodles to Ward 3, please." in prompt
+    assert 'create_order({"store_id": "S1", "product_id": "P1", "quantity": "2", "address": "Ward 3"})' in prompt
+    assert "[6] tool (create_order): Order OT0 created" in prompt and "messages 1 to 7 of 7" in prompt
+    one, two = result["episodes"]
+    assert (one["task_id"], one["reward"], one["rubric_score"], one["order_match_unofficial"]) == ("T1", 1.0, 1.0, 1.0)
+    assert [m["role"] for m in one["trajectory"]] == ["assistant", "user", "assistant", "tool", "assistant", "tool",
+                                                      "assistant"]
+    assert json.loads(one["trajectory"][3]["content"]) == [{"name": "Noodle House", "store_id": "S1"}]
+    assert one["final_orders"] == [{"order_id": "OT0", "order_type": "delivery", "store_id": "S1",
+                                    "location": {"address": "Ward 3"},
+                                    "products": [{"product_id": "P1", "quantity": 2}],
+                                    "create_time": "2025-06-21 11:20:00"}]
+    assert (two["task_id"], two["reward"], two["rubric_score"], two["met"]) == ("T2", 0.0, 0.0, [False] * 3)
+    assert two["premature"] == "user_turn_limit" and two["final_orders"] == [] and two["order_match_unofficial"] == 0.0
+    assert two["trajectory"][3]["content"].startswith("Error: ")  # the missing arguments reached the environment
+    assert result["premature"]["episodes"] == 1 and result["premature"]["reasons"] == {"user_turn_limit": 1}
+    assert result["judged"] == 1 and result["judge_calls"] == 1
+    assert result["rewards"] == {"T1": [1.0], "T2": [0.0]} and result["failed"] == {} and result["user_failures"] == []
+    assert result["scored"] == 2 and result["avg_reward"] == 0.5 and result["pass_hat"] == {1: 0.5}
+    assert result["order_match_unofficial"]["mean"] == 0.5
+    assert [e.stats.user_stop for e in result["rollouts"]] == [True, False]
+
+
+def test_a_model_user_plays_the_user_and_its_failures_are_reported_apart(tmp_path, stand_in_vita,
+                                                                         tiny_tokenizer) -> None:
+    from helpers import ScriptedEngine
+
+    from envace.benchmarks.vita import USER_GUIDELINES
+    from envace.benchmarks.vita_eval import evaluate_vita
+    from envace.chat_model import ChatModel
+
+    wordy = vita_task("T2")
+    wordy["instructions"] += " Extra detail." * 300  # its user's chat overflows the user model's prompt budget
+    tasks = load_vita(write_tasks(tmp_path, [vita_task("T1", required=(BOWLS,)), wordy]))
+    user_engine = ScriptedJudgeEngine(tiny_tokenizer, ["Two bowls to Ward 3, please."] * 2 + ["Thanks! ###STOP###"] * 2)
+    user = ChatModel.from_engine(user_engine, tiny_tokenizer, max_prompt_tokens=1500)
+    act = ScriptedEngine(tiny_tokenizer, [call_text("create_order", ORDER)] * 2 + ["Order OT0 is placed."] * 2)
+    judge, judge_engine = make_judge(tiny_tokenizer, ['{"met": [2]}'] * 2)
+    result = evaluate_vita(tasks, act, tiny_tokenizer, user, judge, trials=2, rollout=small_rollout())
+    assert [len(batch) for batch in user_engine.batches] == [2, 2]  # T2's users never generate
+    opening = user_engine.batches[0][0]
+    assert USER_GUIDELINES.splitlines()[0] in opening and "Order two bowls of mild rice noodles" in opening
+    assert "Hello, how can I help you?" in opening
+    assert result["failed"] == {"T2": 2}
+    assert [(f["task_id"], f["trial"]) for f in result["user_failures"]] == [("T2", 0), ("T2", 1)]
+    assert "simulated user could not reply" in result["user_failures"][0]["reason"]
+    assert [(e["task_id"], e["trial"]) for e in result["episodes"]] == [("T1", 0), ("T1", 1)]
+    assert [len(batch) for batch in judge_engine.batches] == [2]
+    assert all(e["reward"] == 0.0 and e["rubric_score"] == pytest.approx(1 / 3) for e in result["episodes"])
+    assert all(e["order_match_unofficial"] == 1.0 and len(e["final_orders"]) == 1 for e in result["episodes"])
+    assert result["rewards"] == {"T1": [0.0, 0.0], "T2": []} and result["scored"] == 2
+    assert result["avg_rubric_score"] == pytest.approx(1 / 3) and result["pass_hat"] == {1: 0.0, 2: 0.0}
+    assert result["premature"]["episodes"] == 0 and len(result["rollouts"]) == 4
