@@ -78,6 +78,36 @@ def test_a_tiny_random_policy_runs_telecom_solo_deterministically(tiny_tokenizer
     assert runs[0] == runs[1]
 
 
+@pytest.mark.slow
+def test_a_tiny_random_policy_and_user_run_retail_deterministically(tiny_tokenizer) -> None:
+    import torch
+
+    from envace.benchmarks.tau2 import evaluate
+    from envace.chat_model import ChatModel
+    from envace.policy.tiny import build_model
+    from envace.rollout.engine import HFEngine
+    from envace.rollout.runner import RolloutConfig
+
+    def engine(seed: int) -> HFEngine:
+        model = build_model(tiny_tokenizer, hidden=32, layers=1, seed=seed, max_positions=16384)
+        return HFEngine(model, pad_id=tiny_tokenizer.pad_token_id, stop_ids=[tiny_tokenizer.eos_token_id])
+
+    agent = engine(0)
+    user = ChatModel.from_engine(engine(1), tiny_tokenizer, max_new_tokens=8, temperature=1.0)
+    config = RolloutConfig(act_max_new_tokens=8, act_temperature=1.0, max_turns=3, max_tool_calls=4,
+                           max_context_tokens=16384, max_user_turns=2)
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        result = evaluate(load_tasks("retail", "test")[:1], agent, tiny_tokenizer, "retail", "user", user=user,
+                          rollout=config, trials=2)
+        assert all(r in (0.0, 1.0) for rs in result["rewards"].values() for r in rs)
+        episodes = result["episodes"]
+        assert all(e.stats.user_turns >= 1 for e in episodes)  # the simulated user opened every conversation
+        runs.append((result["rewards"], [e.messages for e in episodes]))
+    assert runs[0] == runs[1]
+
+
 # -- user mode: a simulated user writes the user turns ---------------------------------------------------------------
 
 TELECOM_USER_TASK = "[mobile_data_issue]data_saver_mode_on|user_abroad_roaming_enabled_off[PERSONA:Easy]"
