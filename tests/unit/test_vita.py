@@ -508,7 +508,8 @@ def call_text(name: str, arguments: dict[str, Any]) -> str:
 def small_rollout(**kwargs: Any) -> Any:
     from envace.rollout.runner import RolloutConfig
 
-    return RolloutConfig(act_temperature=0.0, max_turns=10, max_tool_calls=10, max_context_tokens=8192, **kwargs)
+    return RolloutConfig(**{"act_temperature": 0.0, "max_turns": 10, "max_tool_calls": 10, "max_context_tokens": 8192,
+                            **kwargs})
 
 
 def test_episodes_run_end_to_end_and_a_budget_cut_one_scores_0_without_the_judge(tmp_path, stand_in_vita,
@@ -584,3 +585,33 @@ def test_a_model_user_plays_the_user_and_its_failures_are_reported_apart(tmp_pat
     assert result["rewards"] == {"T1": [0.0, 0.0], "T2": []} and result["scored"] == 2
     assert result["avg_rubric_score"] == pytest.approx(1 / 3) and result["pass_hat"] == {1: 0.0, 2: 0.0}
     assert result["premature"]["episodes"] == 0 and len(result["rollouts"]) == 4
+
+
+@pytest.mark.slow
+def test_a_tiny_random_policy_user_and_judge_run_end_to_end_deterministically(tmp_path, stand_in_vita,
+                                                                               tiny_tokenizer) -> None:
+    import torch
+
+    from envace.benchmarks.vita_eval import evaluate_vita
+    from envace.chat_model import ChatModel
+    from envace.policy.tiny import build_model
+    from envace.rollout.engine import HFEngine
+
+    def engine(seed: int) -> HFEngine:
+        model = build_model(tiny_tokenizer, hidden=32, layers=1, seed=seed, max_positions=8192)
+        return HFEngine(model, pad_id=tiny_tokenizer.pad_token_id, stop_ids=[tiny_tokenizer.eos_token_id])
+
+    tasks = load_vita(write_tasks(tmp_path, [vita_task("T1", required=(BOWLS,))]))
+    agent = engine(0)
+    user = ChatModel.from_engine(engine(1), tiny_tokenizer, max_new_tokens=8, temperature=1.0)
+    judge = RubricJudge(ChatModel.from_engine(engine(2), tiny_tokenizer, max_new_tokens=8, temperature=1.0))
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        result = evaluate_vita(tasks, agent, tiny_tokenizer, user, judge, trials=2,
+                               rollout=small_rollout(act_max_new_tokens=8, act_temperature=1.0, max_user_turns=2))
+        for row in result["episodes"]:  # scored rows; a judge that never wrote valid JSON is counted apart
+            assert 0.0 <= row["reward"] <= 1.0 and 0.0 <= row["order_match_unofficial"] <= 1.0
+        assert result["scored"] + len(result["judge_failures"]) + len(result["user_failures"]) == 2
+        runs.append(([e.messages for e in result["rollouts"]], result["rewards"], len(result["judge_failures"])))
+    assert runs[0] == runs[1]
