@@ -1,18 +1,37 @@
-"""Evaluate a policy offline on BFCL-v4 multi-turn and tau^2-Bench telecom (solo), as the benchmarks score them.
+"""Evaluate a policy offline on BFCL-v4, tau^2-Bench, FinMCP-Bench and VitaBench, as the benchmarks score them.
 
 The policy is an exported envace checkpoint (any Hugging Face causal LM directory with its tokenizer and chat
-template; ``--model tiny`` builds the tiny random model, a smoke test), or ``--model gold``: the gold-replay policy,
-which must score 100% (the harness check). BFCL entries are scored by BFCL's own ``multi_turn_checker``; tau^2 tasks
-by tau^2's evaluators, with pass^k over ``--trials`` and the do-nothing floor printed next to the score.
+template; ``--model tiny`` builds the tiny random model, a smoke test), or ``--model gold``: the gold-replay policies
+(``bfcl.GoldPolicy`` for multi-turn, ``bfcl_ast.GoldASTEngine`` for single-turn, ``tau2.GoldSoloPolicy`` for tau^2
+solo), the harness check. Each benchmark is scored by its own rules:
+
+- **BFCL-v4** (``--bfcl-categories``, default: the four multi-turn categories and every single-turn category that
+  runs offline, i.e. the full offline BFCL; ``--bfcl-limit`` entries each): multi-turn by BFCL's
+  ``multi_turn_checker``, single-turn by BFCL's AST checker and relevance rules; then the offline aggregate and its
+  components. The aggregate is not BFCL-v4 overall: its agentic 40% needs the network and is left out.
+- **tau^2-Bench** (``--tau2-domains``, ``--tau2-mode solo|user``, ``--tau2-split``, ``--tau2-trials``): tau^2's
+  evaluators, pass^k with the do-nothing floor next to it. User mode needs ``--user-model``: a local checkpoint
+  played by ``ChatModel(HFPolicy(DIR))`` (``tiny``: a random tiny user, for smoke runs); the scores depend on it, so
+  it is printed with them.
+- **FinMCP-Bench** (``--finmcp FILE [--finmcp-tools FILE]``): the paper's teacher-forced protocol, macro TP/TR/TF1/EMR
+  and micro P/R/F1, with the tool-schema source.
+- **VitaBench** (``--vita FILE --judge-model DIR``, with ``--user-model``): episodes against the simulated user,
+  scored by the rubric judge (the official score) and the order-match proxy (unofficial, labelled so).
 
 Run from the repository root::
 
-    .venv/bin/python benchmarks/evaluate_policy.py --model runs/demo/rl/policy                      # all 200 + 40
+    .venv/bin/python benchmarks/evaluate_policy.py --model runs/demo/rl/policy      # full offline BFCL + telecom solo
     .venv/bin/python benchmarks/evaluate_policy.py --model gold
-    .venv/bin/python benchmarks/evaluate_policy.py --model runs/demo/rl/policy --bfcl-limit 20 --tau2-split base
+    .venv/bin/python benchmarks/evaluate_policy.py --model runs/demo/rl/policy --bfcl-categories multi_turn_base \\
+        --bfcl-limit 20 --tau2-domains retail airline --tau2-mode user --user-model /models/user-8b
+    .venv/bin/python benchmarks/evaluate_policy.py --model runs/demo/rl/policy --bfcl-categories --tau2-domains \\
+        --finmcp finmcp.json --vita tasks_en.json --user-model /models/user --judge-model /models/judge
 
-It prints a table and writes the per-entry results as JSON (``--out``). The last line is
-``SUMMARY bfcl_multi_turn_base=<f> tau2_telecom_solo=<f> tau2_floor=<f>``. Runs on the GPU when there is one.
+It prints tables and writes the per-entry results as JSON (``--out``). The last line is ``SUMMARY`` with key=value
+pairs for what ran: ``bfcl_<category>`` (``irrelevance`` as ``bfcl_non_live_irrelevance``), the aggregate's
+components and ``bfcl_offline`` (when every component ran), ``tau2_<domain>_<mode>=<pass^1>`` and
+``tau2_<domain>_<mode>_floor``, ``finmcp_tp/tr/tf1/emr``, ``vita_reward``, ``vita_rubric_score`` and
+``vita_order_match_unofficial``. Runs on the GPU when there is one.
 """
 
 from __future__ import annotations
@@ -27,13 +46,38 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
+from dataclasses import replace  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from envace.benchmarks import bfcl, tau2  # noqa: E402
-from envace.benchmarks.passk import pass_hat_k  # noqa: E402
+from envace.benchmarks import bfcl, bfcl_ast, tau2  # noqa: E402
+from envace.benchmarks.suite import BFCL_COMPONENTS, ORDER_MATCH_NOTE, bfcl_key, describe_model  # noqa: E402
+from envace.rollout.runner import RolloutConfig  # noqa: E402
+
+OFFLINE_BFCL = [*bfcl.MULTI_TURN, *bfcl_ast.SINGLE_TURN]
+"""The default categories: every BFCL-v4 category that runs offline."""
+
+BFCL_ROLLOUT = RolloutConfig(act_temperature=0.0, max_turns=200, max_tool_calls=400, max_context_tokens=32768)
+"""``bfcl.evaluate_multi_turn``'s default budgets (it adds BFCL's 20 steps per user turn)."""
+
+TAU2_ROLLOUT = RolloutConfig(act_temperature=0.0, max_turns=30, max_tool_calls=30, max_context_tokens=65536,
+                             max_user_turns=30)
+"""``tau2.evaluate``'s default budgets."""
+
+def check_category(category: str) -> None:
+    """Refuse a category no harness runs: the harness's own refusal for network ones, else the valid list."""
+    if category in bfcl.MULTI_TURN or category in bfcl_ast.SINGLE_TURN:
+        return
+    if category in bfcl.NEEDS_NETWORK:
+        bfcl_ast.load_single_turn(category, limit=0)  # raises: envace's harnesses run offline
+    raise ValueError(f"unknown BFCL category '{category}'; valid: {', '.join(OFFLINE_BFCL)}")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Models
+# ---------------------------------------------------------------------------------------------------------------------
 
 
 def build_engine(model: str) -> tuple[Any, Any]:
@@ -56,65 +100,318 @@ def build_engine(model: str) -> tuple[Any, Any]:
     return HFEngine(network, pad_id=tokenizer.pad_token_id, stop_ids=[tokenizer.eos_token_id]), tokenizer
 
 
-def run_bfcl(engine: Any, tokenizer: Any, limit: int | None) -> dict[str, Any]:
-    """BFCL multi_turn_base: accuracy and the verdict per entry."""
-    entries = bfcl.load_multi_turn("multi_turn_base", limit=limit)
-    if engine is None:  # the gold policy serves one episode at a time
-        valid = {e.id: bfcl.evaluate_multi_turn([e], bfcl.GoldPolicy(e, tokenizer), tokenizer)["valid"][e.id]
+def chat_model(model: str | None, max_new_tokens: int) -> Any:
+    """A helper model (simulated user, judge): ``ChatModel(HFPolicy(DIR))``, ``tiny`` (random) or None."""
+    from envace.chat_model import ChatModel
+    from envace.policy import HFPolicy, TinyPolicy
+
+    if model is None:
+        return None
+    return ChatModel(TinyPolicy() if model == "tiny" else HFPolicy(model), max_new_tokens=max_new_tokens)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Benchmarks
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def run_multi_turn(category: str, engine: Any, tokenizer: Any, limit: int | None, rollout: RolloutConfig,
+                   split: str = "all") -> dict[str, Any]:
+    """One BFCL multi-turn category: accuracy and the verdict per entry (the gold policy: one entry at a time)."""
+    entries = bfcl.load_split(category, split, limit=limit)
+    if engine is None:
+        valid = {e.id: bfcl.evaluate_multi_turn([e], bfcl.GoldPolicy(e, tokenizer), tokenizer, rollout)["valid"][e.id]
                  for e in entries}
     else:
-        valid = bfcl.evaluate_multi_turn(entries, engine, tokenizer)["valid"]
-    return {"accuracy": sum(valid.values()) / len(valid), "valid": valid}
+        valid = bfcl.evaluate_multi_turn(entries, engine, tokenizer, rollout)["valid"]
+    return {"accuracy": sum(valid.values()) / len(valid), "valid": valid, "entries": len(valid)}
 
 
-def run_tau2(engine: Any, tokenizer: Any, split: str, trials: int, limit: int | None) -> dict[str, Any]:
-    """tau^2 telecom solo: pass^k, the floor and the rewards per task."""
-    tasks = tau2.load_tasks("telecom", split)[:limit]
-    if engine is None:
-        rewards = {}
+def run_single_turn(category: str, engine: Any, tokenizer: Any, limit: int | None, max_new_tokens: int
+                    ) -> dict[str, Any]:
+    """One BFCL single-turn category (gold: ``GoldASTEngine``): accuracy and the verdict per entry."""
+    entries = bfcl_ast.load_single_turn(category, limit=limit)
+    engine = engine or bfcl_ast.GoldASTEngine(entries, tokenizer)
+    valid = bfcl_ast.evaluate_single_turn(entries, engine, tokenizer, max_new_tokens=max_new_tokens)["valid"]
+    return {"accuracy": sum(valid.values()) / len(valid), "valid": valid, "entries": len(valid)}
+
+
+def run_bfcl(categories: list[str], engine: Any, tokenizer: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """Every category (timed), then the offline aggregate over them: ``{category: result, "aggregate": ...}``."""
+    rollout = replace(BFCL_ROLLOUT, act_max_new_tokens=args.act_max_new_tokens or BFCL_ROLLOUT.act_max_new_tokens)
+    results: dict[str, Any] = {}
+    for category in categories:
+        start = time.perf_counter()
+        if category in bfcl.MULTI_TURN:
+            results[category] = run_multi_turn(category, engine, tokenizer, args.bfcl_limit, rollout, args.bfcl_split)
+        else:
+            results[category] = run_single_turn(category, engine, tokenizer, args.bfcl_limit,
+                                                args.act_max_new_tokens or 1024)
+        results[category]["seconds"] = time.perf_counter() - start
+    aggregate = bfcl_ast.offline_aggregate({c: r["accuracy"] for c, r in results.items()},
+                                           {c: r["entries"] for c, r in results.items()})
+    return {"categories": results, "aggregate": aggregate}
+
+
+def run_tau2(domain: str, engine: Any, tokenizer: Any, user: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """One tau^2 domain: pass^k, the floor, the rewards and failed users per task (gold: one task at a time)."""
+    from envace.benchmarks.passk import pass_hat_k
+
+    tasks = tau2.load_tasks(domain, args.tau2_split)[: args.tau2_limit]
+    start = time.perf_counter()
+    if engine is None:  # gold, solo only (checked in main)
+        result = {"rewards": {}, "failed": {}}
         for task in tasks:
-            result = tau2.evaluate_solo([task], tau2.GoldSoloPolicy(task, tokenizer), tokenizer)
-            rewards.update(result["rewards"])
-        successes = [[r >= 1.0 for r in rs] for rs in rewards.values()]
-        floor = sum(tau2.reward(t, tau2.null_trajectory(), "telecom", solo=True) for t in tasks) / len(tasks)
-        return {"pass_hat": {1: pass_hat_k(successes, 1)}, "floor": floor, "rewards": rewards}
-    result = tau2.evaluate_solo(tasks, engine, tokenizer, trials=trials)
-    return {k: result[k] for k in ("pass_hat", "floor", "rewards")}
+            result["rewards"].update(tau2.evaluate_solo([task], tau2.GoldSoloPolicy(task, tokenizer), tokenizer,
+                                                        domain=domain)["rewards"])
+        result["pass_hat"] = {1: pass_hat_k([[r >= 1.0 for r in rs] for rs in result["rewards"].values()], 1)}
+        result["floor"] = sum(tau2.reward(t, tau2.null_trajectory(), domain, solo=True) for t in tasks) / len(tasks)
+    else:
+        rollout = replace(TAU2_ROLLOUT, act_max_new_tokens=args.act_max_new_tokens or TAU2_ROLLOUT.act_max_new_tokens,
+                          max_user_turns=args.max_user_turns)
+        result = tau2.evaluate(tasks, engine, tokenizer, domain, args.tau2_mode, user=user, rollout=rollout,
+                               trials=args.tau2_trials)
+    out = {k: result[k] for k in ("pass_hat", "floor", "rewards", "failed")}
+    out["user_model"] = "none (solo)" if args.tau2_mode == "solo" else describe_model(user)
+    return {**out, "tasks": len(tasks), "seconds": time.perf_counter() - start}
+
+
+def run_finmcp(engine: Any, tokenizer: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """FinMCP-Bench's teacher-forced protocol on ``--finmcp``: the scores and their schema source."""
+    from envace.benchmarks.finmcp import load_finmcp
+    from envace.benchmarks.finmcp_eval import evaluate_finmcp, load_tool_schemas
+
+    start = time.perf_counter()
+    records = load_finmcp(args.finmcp)[: args.finmcp_limit]
+    tools = load_tool_schemas(args.finmcp_tools) if args.finmcp_tools else None
+    result = evaluate_finmcp(records, engine, tokenizer, tools=tools, max_new_tokens=args.act_max_new_tokens or 256)
+    scores = result["scores"]
+    keep = ("schema_source", "schema_sources", "steps", "overflow", "parse_errors", "truncated", "predictions")
+    return {"macro": scores.macro, "micro": scores.micro, "records": scores.records, "groups": scores.groups,
+            **{k: result[k] for k in keep}, "seconds": time.perf_counter() - start}
+
+
+def run_vita(engine: Any, tokenizer: Any, user: Any, judge: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """VitaBench on ``--vita`` with the simulated user and the rubric judge."""
+    from envace.benchmarks.vita import load_vita
+    from envace.benchmarks.vita_eval import DEFAULT_ROLLOUT, evaluate_vita
+    from envace.benchmarks.vita_scoring import RubricJudge
+
+    start = time.perf_counter()
+    tasks = load_vita(args.vita)[: args.vita_limit]
+    rollout = replace(DEFAULT_ROLLOUT, act_max_new_tokens=args.act_max_new_tokens or DEFAULT_ROLLOUT.act_max_new_tokens,
+                      max_user_turns=args.max_user_turns)
+    result = evaluate_vita(tasks, engine, tokenizer, user, RubricJudge(judge), trials=args.vita_trials,
+                           rollout=rollout, language=args.vita_language)
+    keep = ("official", "scored", "avg_reward", "avg_rubric_score", "order_match_unofficial", "pass_hat", "pass_at",
+            "rewards", "failed", "premature", "judge_failures", "judged", "judge_calls", "episodes")
+    return {**{k: result[k] for k in keep}, "user_model": describe_model(user), "judge_model": describe_model(judge),
+            "tasks": len(tasks), "seconds": time.perf_counter() - start}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Report
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _f(value: float | None) -> str:
+    return "–" if value is None else f"{value:.3f}"
+
+
+def bfcl_lines(result: dict[str, Any], model: str, limit: int | None) -> list[str]:
+    """Per-category accuracy, then the aggregate with its components and its note."""
+    lines = ["| BFCL-v4 category (offline) | checker | policy | entries | accuracy | s |", "|---|---|---|---|---|---|"]
+    for category, r in result["categories"].items():
+        checker = "multi_turn_checker" if category in bfcl.MULTI_TURN else (
+            "relevance rule" if category in bfcl_ast.IRRELEVANCE + bfcl_ast.RELEVANCE else "AST checker")
+        lines.append(f"| {category} | {checker} | {model} | {r['entries']} | {r['accuracy']:.3f} | "
+                     f"{r['seconds']:.0f} |")
+    agg = result["aggregate"]
+    live = "count-weighted by the entries evaluated" if limit is not None else "count-weighted, BFCL's full sizes"
+    lines += ["", "| BFCL offline aggregate | value |", "|---|---|", f"| NonLive | {_f(agg['non_live'])} |",
+              f"| Live ({live}) | {_f(agg['live'])} |", f"| Irrelevance | {_f(agg['irrelevance'])} |",
+              f"| MultiTurn | {_f(agg['multi_turn'])} |", f"| **bfcl_offline** | {_f(agg['bfcl_offline'])} |", "",
+              f"Note: {agg['note']}."]
+    if agg["missing"]:
+        lines.append(f"bfcl_offline needs every offline category; missing: {', '.join(agg['missing'])}.")
+    return lines
+
+
+def tau2_lines(results: dict[str, Any], model: str, args: argparse.Namespace) -> list[str]:
+    """pass^k with the floor next to it, and the user model, per domain."""
+    k = f"pass^1..pass^{args.tau2_trials}" if args.tau2_trials > 1 else "pass^1"
+    lines = [f"| tau^2 domain, mode, split | policy | user model | tasks | {k} | floor | failed user trials | s |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, r in results.items():
+        passes = " / ".join(f"{v:.3f}" for v in r["pass_hat"].values()) or "–"
+        lines.append(f"| {name}, {args.tau2_split} | {model} | {r['user_model']} | {r['tasks']} | {passes} | "
+                     f"{r['floor']:.3f} | {sum(r['failed'].values())} | {r['seconds']:.0f} |")
+    return lines
+
+
+def finmcp_lines(r: dict[str, Any], model: str) -> list[str]:
+    """Macro TP/TR/TF1/EMR, micro P/R/F1 and the tool-schema source."""
+    macro, micro = r["macro"], r["micro"]
+    return ["| FinMCP-Bench (teacher-forced) | policy | records | TP | TR | TF1 | EMR | micro P / R / F1 | "
+            "tool schemas | s |", "|---|---|---|---|---|---|---|---|---|---|",
+            f"| macro over records | {model} | {r['records']} | {macro['precision']:.3f} | {macro['recall']:.3f} | "
+            f"{macro['f1']:.3f} | {macro['exact_match']:.3f} | {micro['precision']:.3f} / {micro['recall']:.3f} / "
+            f"{micro['f1']:.3f} | {r['schema_source']} | {r['seconds']:.0f} |"]
+
+
+def vita_lines(r: dict[str, Any], model: str) -> list[str]:
+    """The rubric judge's scores, the unofficial order proxy, and both helper models."""
+    order = r["order_match_unofficial"]["mean"]
+    return ["| VitaBench | policy | user model | judge model | scored | reward | rubric score | order match "
+            "(UNOFFICIAL) | s |", "|---|---|---|---|---|---|---|---|---|",
+            f"| rubric judge | {model} | {r['user_model']} | {r['judge_model']} | {r['scored']} | "
+            f"{_f(r['avg_reward'])} | {_f(r['avg_rubric_score'])} | {_f(order)} | {r['seconds']:.0f} |",
+            "", f"Order match: {ORDER_MATCH_NOTE}."]
+
+
+def summary(results: dict[str, Any]) -> str:
+    """The ``SUMMARY`` line: key=value pairs for what ran (``nan`` where nothing could be scored)."""
+    pairs: dict[str, float | None] = {}
+    if "bfcl" in results:
+        pairs.update({bfcl_key(c): r["accuracy"] for c, r in results["bfcl"]["categories"].items()})
+        aggregate = results["bfcl"]["aggregate"]
+        pairs.update({f"bfcl_{p}": aggregate[p] for p in BFCL_COMPONENTS if aggregate[p] is not None})
+        if aggregate["bfcl_offline"] is not None:
+            pairs["bfcl_offline"] = aggregate["bfcl_offline"]
+    for name, r in results.get("tau2", {}).items():
+        pairs[name], pairs[f"{name}_floor"] = r["pass_hat"].get(1), r["floor"]
+    if "finmcp" in results:
+        macro = results["finmcp"]["macro"]
+        pairs.update({"finmcp_tp": macro["precision"], "finmcp_tr": macro["recall"], "finmcp_tf1": macro["f1"],
+                      "finmcp_emr": macro["exact_match"]})
+    if "vita" in results:
+        vita = results["vita"]
+        pairs.update({"vita_reward": vita["avg_reward"], "vita_rubric_score": vita["avg_rubric_score"],
+                      "vita_order_match_unofficial": vita["order_match_unofficial"]["mean"]})
+    return "SUMMARY " + " ".join(f"{k}={'nan' if v is None else f'{v:.3f}'}" for k, v in pairs.items())
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's options."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="a checkpoint directory, 'tiny' or 'gold'")
+    parser.add_argument("--bfcl-categories", nargs="*", default=OFFLINE_BFCL, metavar="CATEGORY",
+                        help="BFCL categories, multi-turn and single-turn (default: every offline one; none: no BFCL)")
+    parser.add_argument("--bfcl-limit", type=int, default=None, help="first entries of each category (default: all)")
+    parser.add_argument("--bfcl-split", default="all", choices=bfcl.SPLITS,
+                        help="multi-turn entries: all 200, or the eval ids held out of training exports (or train)")
+    parser.add_argument("--tau2-domains", nargs="*", default=["telecom"], choices=tau2.DOMAINS, metavar="DOMAIN",
+                        help=f"tau^2 domains, of {', '.join(tau2.DOMAINS)} (default: telecom; none: no tau^2)")
+    parser.add_argument("--tau2-mode", default="solo", choices=tau2.MODES, help="solo (telecom only) or user")
+    parser.add_argument("--tau2-split", default="test", choices=tau2.SPLITS)
+    parser.add_argument("--tau2-limit", type=int, default=None, help="first tasks per domain (default: the split)")
+    parser.add_argument("--tau2-trials", "--trials", type=int, default=1, help="trials per task (pass^1..pass^k)")
+    parser.add_argument("--user-model", default=None, help="the simulated user: a checkpoint directory, or 'tiny'")
+    parser.add_argument("--judge-model", default=None, help="VitaBench's judge: a checkpoint directory or 'tiny'")
+    parser.add_argument("--helper-max-new-tokens", type=int, default=512, help="reply budget of the user and judge")
+    parser.add_argument("--max-user-turns", type=int, default=30, help="user turns per conversation with a user")
+    parser.add_argument("--act-max-new-tokens", type=int, default=None,
+                        help="the policy's budget per turn (default: each harness's own)")
+    parser.add_argument("--finmcp", default=None, metavar="FILE", help="a FinMCP-Bench file (JSON array or lines)")
+    parser.add_argument("--finmcp-tools", default=None, metavar="FILE", help="FinMCP tool schemas (JSON)")
+    parser.add_argument("--finmcp-limit", type=int, default=None, help="first FinMCP records (default: all)")
+    parser.add_argument("--vita", default=None, metavar="FILE", help="a VitaBench task file")
+    parser.add_argument("--vita-limit", type=int, default=None, help="first VitaBench tasks (default: all)")
+    parser.add_argument("--vita-trials", type=int, default=1, help="VitaBench episodes per task")
+    parser.add_argument("--vita-language", default="english", choices=("english", "chinese"))
+    parser.add_argument("--out", default="runs/benchmarks/results.json")
+    return parser
+
+
+def _check_model(parser: argparse.ArgumentParser, flag: str, value: str | None, allowed: tuple[str, ...]) -> None:
+    """A model flag names a checkpoint directory (with config.json) or one of ``allowed``."""
+    if value is not None and value not in allowed and not Path(value, "config.json").is_file():
+        parser.error(f"{flag} {value}: no config.json there (an exported checkpoint directory or "
+                     f"{' or '.join(repr(a) for a in allowed)})")
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse inconsistent options, naming the flag."""
+    _check_model(parser, "--model", args.model, ("gold", "tiny"))
+    _check_model(parser, "--user-model", args.user_model, ("tiny",))
+    _check_model(parser, "--judge-model", args.judge_model, ("tiny",))
+    for category in args.bfcl_categories:
+        try:
+            check_category(category)
+        except ValueError as exc:
+            parser.error(f"--bfcl-categories: {exc}")
+    if len(set(args.bfcl_categories)) < len(args.bfcl_categories):
+        parser.error("--bfcl-categories: a category is listed twice")
+    for flag in ("bfcl_limit", "tau2_limit", "finmcp_limit", "vita_limit", "tau2_trials", "vita_trials"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be at least 1")
+    solo_only = [d for d in args.tau2_domains if d not in tau2.SOLO_DOMAINS]
+    if args.tau2_mode == "solo" and solo_only:
+        parser.error(f"--tau2-domains {' '.join(solo_only)}: no solo mode; use --tau2-mode user with --user-model")
+    if args.tau2_domains and args.tau2_mode == "user" and args.user_model is None:
+        parser.error("--tau2-mode user needs --user-model (the simulated user's checkpoint)")
+    if args.vita and (args.judge_model is None or args.user_model is None):
+        parser.error("--vita needs --judge-model and --user-model")
+    for flag, path in (("--finmcp", args.finmcp), ("--finmcp-tools", args.finmcp_tools), ("--vita", args.vita)):
+        if path is not None and not Path(path).is_file():
+            parser.error(f"{flag} {path}: no such file")
+    if args.finmcp_tools and not args.finmcp:
+        parser.error("--finmcp-tools needs --finmcp")
+    gold_missing = [f for f, on in (("--tau2-mode user", args.tau2_domains and args.tau2_mode == "user"),
+                                    ("--finmcp", args.finmcp), ("--vita", args.vita)) if on]
+    if args.model == "gold" and gold_missing:
+        parser.error(f"--model gold replays BFCL and tau^2 solo only; no gold policy for {', '.join(gold_missing)}")
+
+
+def run_all(args: argparse.Namespace, engine: Any, tokenizer: Any) -> tuple[dict[str, Any], list[str]]:
+    """Every benchmark asked for: the results (by benchmark) and the report's lines."""
+    results: dict[str, Any] = {}
+    lines: list[str] = []
+    if args.bfcl_categories:
+        results["bfcl"] = run_bfcl(args.bfcl_categories, engine, tokenizer, args)
+        lines += bfcl_lines(results["bfcl"], args.model, args.bfcl_limit) + [""]
+    user = chat_model(args.user_model, args.helper_max_new_tokens)
+    if args.tau2_domains:
+        results["tau2"] = {f"tau2_{d}_{args.tau2_mode}": run_tau2(d, engine, tokenizer, user, args)
+                           for d in args.tau2_domains}
+        lines += tau2_lines(results["tau2"], args.model, args) + [""]
+    if args.finmcp:
+        results["finmcp"] = run_finmcp(engine, tokenizer, args)
+        lines += finmcp_lines(results["finmcp"], args.model) + [""]
+    if args.vita:
+        judge = chat_model(args.judge_model, args.helper_max_new_tokens)
+        results["vita"] = run_vita(engine, tokenizer, user, judge, args)
+        lines += vita_lines(results["vita"], args.model) + [""]
+    return results, lines
+
+
+def results_json(model: str, results: dict[str, Any]) -> dict[str, Any]:
+    """The results file: ``bfcl_<category>`` and ``bfcl_aggregate``, ``tau2_<domain>_<mode>``, ``finmcp``, ``vita``."""
+    out: dict[str, Any] = {"model": model}
+    if "bfcl" in results:
+        out.update({bfcl_key(c): r for c, r in results["bfcl"]["categories"].items()})
+        out["bfcl_aggregate"] = results["bfcl"]["aggregate"]
+    out.update(results.get("tau2", {}))
+    out.update({k: results[k] for k in ("finmcp", "vita") if k in results})
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
     """Command line."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True, help="a checkpoint directory, 'tiny' or 'gold'")
-    parser.add_argument("--bfcl-limit", type=int, default=None, help="entries of multi_turn_base (default: all 200)")
-    parser.add_argument("--tau2-split", default="test", choices=tau2.SPLITS)
-    parser.add_argument("--tau2-limit", type=int, default=None, help="telecom tasks (default: the whole split)")
-    parser.add_argument("--trials", type=int, default=1, help="tau^2 trials per task (pass^1..pass^trials)")
-    parser.add_argument("--out", default="runs/benchmarks/results.json")
+    parser = build_parser()
     args = parser.parse_args(argv)
-    if args.model not in ("gold", "tiny") and not Path(args.model, "config.json").is_file():
-        parser.error(f"--model {args.model}: no config.json there (an exported checkpoint directory, 'tiny' or 'gold')")
+    check_args(parser, args)
     engine, tokenizer = build_engine(args.model)
-    start = time.perf_counter()
-    bfcl_result = run_bfcl(engine, tokenizer, args.bfcl_limit)
-    bfcl_seconds = time.perf_counter() - start
-    tau2_result = run_tau2(engine, tokenizer, args.tau2_split, args.trials, args.tau2_limit)
-    tau2_seconds = time.perf_counter() - start - bfcl_seconds
-    pass_hat = tau2_result["pass_hat"]
-    lines = [
-        "| benchmark (offline) | policy | entries | score | floor | s |", "|---|---|---|---|---|---|",
-        f"| BFCL-v4 multi_turn_base (BFCL checker) | {args.model} | {len(bfcl_result['valid'])} | "
-        f"{bfcl_result['accuracy']:.3f} | – | {bfcl_seconds:.0f} |",
-        f"| tau^2 telecom solo, {args.tau2_split} (pass^1" + (f"..pass^{args.trials}" if args.trials > 1 else "")
-        + f") | {args.model} | {len(tau2_result['rewards'])} | "
-        + " / ".join(f"{v:.3f}" for v in pass_hat.values()) + f" | {tau2_result['floor']:.3f} | {tau2_seconds:.0f} |",
-    ]
-    print("\n".join(lines))  # noqa: T201
+    results, lines = run_all(args, engine, tokenizer)
+    print("\n".join(lines).rstrip())  # noqa: T201
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"model": args.model, "bfcl_multi_turn_base": bfcl_result,
-                                          "tau2_telecom_solo": tau2_result}, indent=1), encoding="utf-8")
-    print(f"SUMMARY bfcl_multi_turn_base={bfcl_result['accuracy']:.3f} "  # noqa: T201
-          f"tau2_telecom_solo={pass_hat[1]:.3f} tau2_floor={tau2_result['floor']:.3f}")
+    Path(args.out).write_text(json.dumps(results_json(args.model, results), indent=1, default=str), encoding="utf-8")
+    print(summary(results))  # noqa: T201
 
 
 if __name__ == "__main__":

@@ -6,13 +6,22 @@
   environments) must score 100% (not yet for miss_func, whose functions arrive mid-conversation); and the gold
   replays double as fidelity probes: a second fresh environment standing in as the rehearser must reproduce every
   response exactly (exact match under ``envace.fidelity``).
+- **BFCL-v4 single-turn** (every category of ``envace.benchmarks.bfcl_ast.SINGLE_TURN``, every entry by default):
+  each entry's gold output (``gold_output``: the answer's first allowed values as ``<tool_call>`` blocks, plain text
+  for irrelevance) is served by ``GoldASTEngine`` and scored by ``evaluate_single_turn`` (BFCL's AST checker and
+  relevance rules). Expected 97-100% per category: the 8 misses of the full run are BFCL data problems, not harness
+  ones (simple_java 36 and 65: "any"-typed list answers hold numbers that BFCL's converter turns into strings;
+  simple_java_64: an answer given as a bare string, not a list of allowed values; live_simple 106-63-0, 112-68-0 and
+  live_multiple 507-149-4, 862-181-3, 964-207-0: answers that omit required arguments or name arguments the doc
+  lacks); each miss is listed with BFCL's error.
 - **tau^2-Bench** (telecom solo, airline and retail; ``base`` split by default): each task's gold actions, replayed
   on a fresh environment, must earn the full reward; the do-nothing policy earns the benchmark's floor (refusal tasks
   pass without any call), which is printed next to it.
 
-Run from the repository root: ``.venv/bin/python benchmarks/harness_check.py [--bfcl-limit N] [--tau2-split base]``.
-It prints a table; the last line is ``SUMMARY bfcl_multi_turn_gold=<f> tau2_gold=<f> tau2_null=<f>`` (means over the
-BFCL categories and over the tau^2 domains).
+Run from the repository root: ``.venv/bin/python benchmarks/harness_check.py [--bfcl-limit N] [--tau2-split base]``
+(``--bfcl-limit`` applies to multi-turn and single-turn categories alike). It prints a table per check; the last line
+is ``SUMMARY bfcl_multi_turn_gold=<f> tau2_gold=<f> tau2_null=<f>`` (means over the BFCL multi-turn categories and
+over the tau^2 domains; the single-turn gold pass rates are printed above it).
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from envace.benchmarks import bfcl, tau2  # noqa: E402
+from envace.benchmarks import bfcl, bfcl_ast, tau2  # noqa: E402
 from envace.fidelity import score_response  # noqa: E402
 from envace.policy import TinyPolicy  # noqa: E402  (its tokenizer renders the gold policy's prompts)
 
@@ -60,6 +69,36 @@ def bfcl_rows(limit: int | None) -> list[tuple[str, int, float, float, float, fl
     return rows
 
 
+def single_turn_rows(limit: int | None) -> list[tuple[str, int, float, list[tuple[str, str]], float]]:
+    """Per single-turn category: entries, the gold outputs' pass rate, the misses (id, BFCL's error type), seconds."""
+    _, tokenizer = TinyPolicy().build()
+    rows = []
+    for category in bfcl_ast.SINGLE_TURN:
+        start = time.perf_counter()
+        entries = bfcl_ast.load_single_turn(category, limit=limit)
+        result = bfcl_ast.evaluate_single_turn(entries, bfcl_ast.GoldASTEngine(entries, tokenizer), tokenizer)
+        misses = [(e.id, _error_type(e, result["outputs"][e.id])) for e in entries if not result["valid"][e.id]]
+        rows.append((category, len(entries), result["accuracy"], misses, time.perf_counter() - start))
+    return rows
+
+
+def single_turn_lines(limit: int | None) -> list[str]:
+    """The single-turn gold check as a table, then each miss with BFCL's error (BFCL data problems)."""
+    rows = single_turn_rows(limit)
+    lines = ["| BFCL-v4 single-turn category | entries | gold outputs pass (BFCL AST checker / relevance rule) "
+             "| misses | s |", "|---|---|---|---|---|"]
+    lines += [f"| {c} | {n} | {p:.3f} | {len(m)} | {s:.1f} |" for c, n, p, m, s in rows]
+    misses = [f"- {entry} ({category}): {error}" for category, _, _, found, _ in rows for entry, error in found]
+    return lines + (["", "Gold misses (BFCL data problems, see the module docstring):", *misses] if misses else [])
+
+
+def _error_type(entry: bfcl_ast.ASTEntry, output: str) -> str:
+    """BFCL's error type (and first error) of an output that failed."""
+    verdict = bfcl_ast.check_entry(entry, bfcl_ast.decode_calls(output))
+    errors = verdict.get("error") or [""]
+    return f"{verdict.get('error_type', '?')}: {str(errors[0])[:100]}"
+
+
 def tau2_rows(split: str) -> list[tuple[str, int, float, float, float]]:
     """Per domain: tasks, mean gold reward, mean do-nothing reward, seconds."""
     rows = []
@@ -84,6 +123,7 @@ def main(argv: list[str] | None = None) -> None:
              "rollout | fidelity EM, real env as rehearser | s |", "|---|---|---|---|---|---|"]
     bfcl_result = bfcl_rows(args.bfcl_limit)
     lines += [f"| {c} | {n} | {v:.3f} | {p:.3f} | {e:.3f} | {s:.1f} |" for c, n, v, p, e, s in bfcl_result]
+    lines += ["", *single_turn_lines(args.bfcl_limit)]
     lines += ["", f"| tau^2 domain, {args.tau2_split} split | tasks | gold reward | do-nothing reward (floor) | s |",
               "|---|---|---|---|---|"]
     tau2_result = tau2_rows(args.tau2_split)

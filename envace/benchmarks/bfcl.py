@@ -452,6 +452,25 @@ def split_ids(category: str) -> tuple[list[str], list[str]]:
     return [i for i in ids if i not in held_out], held_out
 
 
+SPLITS = ("all", "train", "eval")
+"""Which entries of a multi-turn category: all 200 (the benchmark's number), or one side of ``split_ids``."""
+
+
+def load_split(category: str, split: str = "all", limit: int | None = None) -> list[BFCLEntry]:
+    """The entries of ``split`` (first ``limit``): score a policy trained on the train split on ``eval`` only.
+
+    Raises:
+        ValueError: an unknown split or category (the valid ones are named).
+    """
+    if split not in SPLITS:
+        raise ValueError(f"unknown BFCL split '{split}'; valid: {', '.join(SPLITS)}")
+    if split == "all":
+        return load_multi_turn(category, limit=limit)
+    train, held_out = split_ids(category)
+    ids = train if split == "train" else held_out
+    return load_multi_turn(category, ids=ids[:limit] if limit is not None else ids)
+
+
 class BFCLToolbox:
     """A BFCL entry's environment as an envace real environment (a toolbox: ``envace.envs.real.is_toolbox``).
 

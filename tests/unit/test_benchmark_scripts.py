@@ -1,10 +1,14 @@
-"""The benchmark command lines on tiny inputs: the gold policy scores 100% and the results file is written."""
+"""The benchmark command lines on tiny inputs: the gold policies score 100%, the flags parse and are checked, a tiny
+random policy runs FinMCP and tau^2 user mode, and the results file and the SUMMARY line are written."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -16,13 +20,92 @@ def _script(name: str):
     return module
 
 
-def test_evaluate_policy_with_the_gold_policy(tmp_path: Path, capsys) -> None:
+def _finmcp_file(folder: Path) -> Path:
+    """Two synthetic records in FinMCP-Bench's layout (made-up content)."""
+    def call(name: str, arguments: dict) -> dict:
+        return {"id": "c", "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
+
+    records = [
+        {"id": 1, "task": "single step", "tool_list": [["GetQuote"]], "messages": [
+            {"role": "user", "content": "Quote for ACME?"},
+            {"role": "assistant", "content": "", "tool_calls": [call("GetQuote", {"symbol": "ACME"})]},
+            {"role": "tool", "content": "{\"last\": 12.5}"}, {"role": "assistant", "content": "ACME is at 12.5."}]},
+        {"id": 2, "task": "multi step", "tool_list": [["SearchNews"], ["GetIndex"]], "messages": [
+            {"role": "user", "content": "Market mood and the index?"},
+            {"role": "assistant", "tool_calls": [call("SearchNews", {"keyword": "market"})]},
+            {"role": "tool", "content": "{\"items\": []}"},
+            {"role": "assistant", "tool_calls": [call("GetIndex", {"index": "CSI300"})]},
+            {"role": "tool", "content": "{\"last\": 3900.5}"}, {"role": "assistant", "content": "Calm; 3900.5."}]},
+    ]
+    path = folder / "finmcp.json"
+    path.write_text(json.dumps(records), encoding="utf-8")
+    return path
+
+
+def test_evaluate_policy_with_the_gold_policies(tmp_path: Path, capsys) -> None:
     out = tmp_path / "results.json"
-    _script("evaluate_policy").main(["--model", "gold", "--bfcl-limit", "2", "--tau2-limit", "1", "--out", str(out)])
+    _script("evaluate_policy").main(["--model", "gold", "--bfcl-categories", "multi_turn_base", "simple_python",
+                                     "irrelevance", "--bfcl-limit", "2", "--tau2-limit", "1", "--out", str(out)])
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[-1] == "SUMMARY bfcl_multi_turn_base=1.000 tau2_telecom_solo=1.000 tau2_floor=0.000"
+    assert lines[-1] == ("SUMMARY bfcl_multi_turn_base=1.000 bfcl_simple_python=1.000 bfcl_non_live_irrelevance=1.000 "
+                         "tau2_telecom_solo=1.000 tau2_telecom_solo_floor=0.000")
+    text = "\n".join(lines)
+    assert "| multi_turn_base | multi_turn_checker | gold | 2 | 1.000 |" in text
+    assert "| simple_python | AST checker | gold | 2 | 1.000 |" in text and "| **bfcl_offline** | – |" in text
+    assert "not BFCL-v4 overall" in text and "missing: simple_java" in text
+    assert "| tau2_telecom_solo, test | gold | none (solo) | 1 | 1.000 | 0.000 | 0 |" in text
     results = json.loads(out.read_text())
     assert results["bfcl_multi_turn_base"]["valid"] == {"multi_turn_base_0": True, "multi_turn_base_1": True}
+    assert results["bfcl_aggregate"]["bfcl_offline"] is None and results["tau2_telecom_solo"]["floor"] == 0.0
+
+
+def test_evaluate_policy_flags_parse_and_are_checked(tmp_path: Path, capsys) -> None:
+    module = _script("evaluate_policy")
+    parser = module.build_parser()
+    defaults = parser.parse_args(["--model", "gold"])
+    assert defaults.bfcl_categories == [*module.bfcl.MULTI_TURN, *module.bfcl_ast.SINGLE_TURN]
+    assert (defaults.tau2_domains, defaults.tau2_mode, defaults.tau2_split) == (["telecom"], "solo", "test")
+    args = parser.parse_args(["--model", "tiny", "--bfcl-categories", "--tau2-domains", "retail", "airline",
+                              "--tau2-mode", "user", "--trials", "2", "--user-model", "tiny", "--judge-model", "tiny",
+                              "--finmcp", "f.json", "--finmcp-tools", "t.json", "--vita", "v.json",
+                              "--vita-trials", "3"])
+    assert args.bfcl_categories == [] and args.tau2_domains == ["retail", "airline"] and args.tau2_trials == 2
+    assert (args.user_model, args.judge_model, args.finmcp_tools, args.vita_trials) == ("tiny", "tiny", "t.json", 3)
+    finmcp = str(_finmcp_file(tmp_path))
+    refused = [
+        (["--bfcl-categories", "web_search"], "--bfcl-categories: BFCL category 'web_search' is not run"),
+        (["--bfcl-categories", "multi_turn_x"], "--bfcl-categories: unknown BFCL category 'multi_turn_x'"),
+        (["--tau2-domains", "retail"], "--tau2-domains retail: no solo mode"),
+        (["--tau2-domains", "retail", "--tau2-mode", "user"], "--tau2-mode user needs --user-model"),
+        (["--vita", finmcp, "--user-model", "tiny"], "--vita needs --judge-model and --user-model"),
+        (["--finmcp", str(tmp_path / "none.json")], "--finmcp .*none.json: no such file"),
+        (["--finmcp", finmcp], "--model gold replays BFCL and tau.2 solo only; no gold policy for --finmcp"),
+        (["--user-model", str(tmp_path)], "--user-model .*: no config.json there"),
+        (["--bfcl-limit", "0"], "--bfcl-limit must be at least 1"),
+    ]
+    for extra, message in refused:
+        with pytest.raises(SystemExit):
+            module.main(["--model", "gold", *extra])
+        assert re.search(message, capsys.readouterr().err), extra
+
+
+def test_a_tiny_policy_runs_finmcp_and_tau2_with_a_tiny_user(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "results.json"
+    _script("evaluate_policy").main([
+        "--model", "tiny", "--bfcl-categories", "--tau2-domains", "retail", "--tau2-mode", "user", "--tau2-limit", "1",
+        "--user-model", "tiny", "--max-user-turns", "1", "--helper-max-new-tokens", "4", "--act-max-new-tokens", "4",
+        "--finmcp", str(_finmcp_file(tmp_path)), "--out", str(out)])
+    lines = capsys.readouterr().out.strip().splitlines()
+    summary = dict(pair.split("=") for pair in lines[-1].removeprefix("SUMMARY ").split())
+    assert set(summary) == {"tau2_retail_user", "tau2_retail_user_floor", "finmcp_tp", "finmcp_tr", "finmcp_tf1",
+                            "finmcp_emr"}
+    assert all(0.0 <= float(v) <= 1.0 for v in summary.values())
+    text = "\n".join(lines)
+    assert "| tau2_retail_user, test | tiny | TinyPolicy(hidden=64, layers=2, seed=0) | 1 |" in text
+    assert "| macro over records | tiny | 2 |" in text and "| inferred |" in text
+    results = json.loads(out.read_text())
+    assert results["finmcp"]["schema_source"] == "inferred" and set(results["finmcp"]["micro"]) == {
+        "precision", "recall", "f1"}
 
 
 def test_harness_check_on_a_few_entries(capsys) -> None:
@@ -31,3 +114,15 @@ def test_harness_check_on_a_few_entries(capsys) -> None:
     assert [r[0] for r in rows] == list(module.bfcl.MULTI_TURN)
     assert all(r[2] == 1.0 and r[4] == 1.0 for r in rows)  # gold calls valid, fidelity EM 1
     assert all(r[3] == 1.0 for r in rows)  # the gold policy through the rollout, every category
+    single = module.single_turn_rows(limit=2)
+    assert [r[0] for r in single] == list(module.bfcl_ast.SINGLE_TURN)
+    assert all(n == 2 and rate == 1.0 and misses == [] for _, n, rate, misses, _ in single)
+    lines = module.single_turn_lines(limit=1)
+    assert lines[2].startswith("| simple_python | 1 | 1.000 | 0 |") and len(lines) == 2 + len(single)
+
+
+def test_harness_check_lists_a_gold_miss_with_bfcls_error() -> None:
+    module = _script("harness_check")
+    entry = module.bfcl_ast.load_single_turn("live_simple", ids=["live_simple_106-63-0"])[0]
+    error = module._error_type(entry, module.bfcl_ast.gold_output(entry))
+    assert error.startswith("simple_function_checker:missing_required: Missing required parameter")

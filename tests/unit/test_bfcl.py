@@ -211,3 +211,14 @@ def test_miss_func_training_tasks_carry_the_added_function_prompt_in_their_refer
     assert any(f'"name": "{arrived[0]}"' in text for text in users)  # the same prompt to_task delivers
     assert [m for turn in task.user_turns for m in turn if m["role"] == "user"] == [
         m for m in task.reference if m["role"] == "user"]
+
+
+def test_load_split_scores_a_trained_policy_on_the_held_out_ids_only() -> None:
+    from envace.benchmarks.bfcl import load_split, split_ids
+
+    held_out = load_split("multi_turn_base", "eval")
+    assert [e.id for e in held_out] == split_ids("multi_turn_base")[1] and len(held_out) == 50
+    assert [e.id for e in load_split("multi_turn_base", "eval", limit=2)] == ["multi_turn_base_0", "multi_turn_base_4"]
+    assert len(load_split("multi_turn_base", "train")) == 150 and len(load_split("multi_turn_base")) == 200
+    with pytest.raises(ValueError, match="unknown BFCL split 'test'; valid: all, train, eval"):
+        load_split("multi_turn_base", "test")
