@@ -246,6 +246,10 @@ class EpisodeStats:
     user_stop: bool = False  # the simulated user ended the conversation
     user_turn_limit: bool = False  # ended by max_user_turns with a simulated user
     user_failures: int = 0  # simulated-user replies that could not be produced (the episode ended; not scored)
+    private_rehearsals: int = 0  # imagined attempts before committed act turns (test-time private rehearsal)
+    private_tokens: int = 0  # tokens generated for them (act, rehearse and judging)
+    private_real_calls: int = 0  # real calls they made: always 0 (checked)
+    private_commits: int = 0  # committed act turns taken as a rehearsed attempt generated them (a selector's pick)
     call_limit: bool = False  # ended by max_tool_calls
     context_limit: bool = False  # ended by the context cap
     ended_by_error: bool = False  # ended because an error was configured to end the episode

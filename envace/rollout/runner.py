@@ -183,9 +183,12 @@ class EpisodeRunner:
             if lockstep:
                 self._dummy_generate(engine)
             return
-        generations = engine.generate([s.stream.ids for s in states], self.config.act_params())
-        for s, gen in zip(states, generations):
+        for s, gen in zip(states, self._generate_act(states, engine)):
             self._take_act_turn(s, gen)
+
+    def _generate_act(self, states: list[_Live], engine: Engine) -> list[Generation]:
+        """The act turn of every ready episode, in one batched generation (a rehearsing runner rehearses first)."""
+        return engine.generate([s.stream.ids for s in states], self.config.act_params())
 
     def _take_act_turn(self, s: _Live, gen: Generation) -> None:
         stats = s.episode.stats

@@ -1,0 +1,187 @@
+"""Private rehearsal at test time: imagine before committing (the paper's test-time claim).
+
+Before an act turn that will reach the real environment, the policy spends a **rehearsal budget**: ``rehearsals``
+imagined continuations from the current real state, played out against its *own* rehearsed tool responses (the
+rehearse role; no real call is ever made for them), each for at most ``horizon`` act turns. The attempts are
+condensed into a **rehearsal memory**, a short text shown to the act role in the prompt of the one committed turn
+(never kept in the conversation), or a ``Selector`` commits one attempt's first turn directly. Then the committed
+turn runs for real, and its real responses are what the act role sees next.
+
+- ``parallel``: the attempts are independent (sampled, batched together);
+- ``sequential``: attempt *k* sees the memory of attempts 1..k-1, so it can revise them;
+- ``granularity``: ``step`` rehearses before every committed act turn, ``task`` only before the first one.
+
+The budget is counted in attempts and in generated tokens (act and rehearse roles), per episode, and real calls are
+counted separately: rehearsal never spends them (``EpisodeStats.private_real_calls`` stays 0, and the rollout checks
+it). ``EpisodeRunner``'s rehearsing variant is ``envace.rollout.rehearsing.RehearsingRunner``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from envace.types import Episode
+
+Mode = Literal["parallel", "sequential"]
+Granularity = Literal["step", "task"]
+
+MEMORY_HEADER = (
+    "Private rehearsal notes. Before acting, you imagined the attempts below; the tool responses in them were "
+    "predicted by you, not observed, and the user has not seen any of it. Use them to choose your next step."
+)
+
+
+@dataclass(frozen=True)
+class PrivateRehearsal:
+    """How much to rehearse privately before committing act turns to the real environment.
+
+    Attributes:
+        rehearsals: imagined attempts per rehearsal (0: plain acting).
+        mode: ``parallel`` (independent attempts) or ``sequential`` (each sees the earlier attempts' memory).
+        granularity: ``step`` (before every committed act turn) or ``task`` (before the first one only).
+        horizon: most act turns of one imagined attempt (0: until it answers, within the rollout's ``max_turns``).
+        temperature: sampling temperature of the attempts (their diversity; the committed turn uses the rollout's).
+        max_tokens: most generated tokens an episode may spend on rehearsal (act and rehearse roles); a rehearsal
+            that would start past it is skipped. None: no cap.
+        memory_role: the chat role of the memory message (``system``, or ``user`` for templates that accept a system
+            message only first).
+        max_response_chars: longest rehearsed response quoted in the memory (longer ones are cut).
+    """
+
+    rehearsals: int = 0
+    mode: Mode = "parallel"
+    granularity: Granularity = "step"
+    horizon: int = 4
+    temperature: float = 1.0
+    max_tokens: int | None = None
+    memory_role: Literal["system", "user"] = "system"
+    max_response_chars: int = 300
+
+    def __post_init__(self) -> None:
+        if self.rehearsals < 0 or self.horizon < 0:
+            raise ValueError(f"PrivateRehearsal: rehearsals and horizon must be >= 0, got {self.rehearsals} and "
+                             f"{self.horizon}")
+        if self.mode not in ("parallel", "sequential"):
+            raise ValueError(f"PrivateRehearsal.mode: '{self.mode}'; valid: parallel, sequential")
+        if self.granularity not in ("step", "task"):
+            raise ValueError(f"PrivateRehearsal.granularity: '{self.granularity}'; valid: step, task")
+        if self.memory_role not in ("system", "user"):
+            raise ValueError(f"PrivateRehearsal.memory_role: '{self.memory_role}'; valid: system, user")
+        if self.temperature < 0 or (self.max_tokens is not None and self.max_tokens < 0):
+            raise ValueError("PrivateRehearsal: temperature and max_tokens must be >= 0")
+
+
+@dataclass
+class Attempt:
+    """One imagined continuation.
+
+    Attributes:
+        turns: per imagined act turn, the calls with their rehearsed responses (``[(name, arguments, response)]``)
+            or, for a plain-text turn, an empty list.
+        answer: the plain-text answer it ended with, if any.
+        first_turn: the generated ids of its first act turn (a selector may commit them as they are).
+        first_finished: that turn ended with a stop token.
+        first_key: the identity of its first turn (its calls, canonically, or its answer).
+        tokens: tokens it generated (act and rehearse roles).
+        verdict: a selector's judgement of its outcome, if one was made.
+    """
+
+    turns: list[list[tuple[str, dict[str, Any], str]]]
+    answer: str | None
+    first_turn: list[int]
+    first_key: str
+    tokens: int = 0
+    verdict: bool | None = None
+    first_finished: bool = True
+
+
+def attempt_of(branch: Episode, start_messages: int, first_turn: list[int], tokens: int) -> Attempt:
+    """Read an imagined branch: its act turns after ``start_messages`` with their rehearsed responses."""
+    turns: list[list[tuple[str, dict[str, Any], str]]] = []
+    messages = branch.messages[start_messages:]
+    answer = None
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        calls = [c["function"] for c in message.get("tool_calls") or []]
+        responses = [m["content"] for m in messages[i + 1 : i + 1 + len(calls)] if m["role"] == "tool"]
+        turns.append([(c["name"], c["arguments"], r) for c, r in zip(calls, responses)])
+        if not calls:
+            answer = message.get("content") or ""
+    first = turns[0] if turns else []
+    key = json.dumps([[n, a] for n, a, _ in first], sort_keys=True) if first else f"answer:{answer}"
+    return Attempt(turns, answer, first_turn, key, tokens)
+
+
+def memory_text(attempts: list[Attempt], max_response_chars: int = 300) -> str:
+    """The rehearsal memory: every attempt's calls, predicted responses and answer, in a few lines."""
+    lines = [MEMORY_HEADER]
+    for number, attempt in enumerate(attempts, 1):
+        steps = []
+        for turn in attempt.turns:
+            for name, arguments, response in turn:
+                text = response if len(response) <= max_response_chars else response[:max_response_chars] + "..."
+                steps.append(f"{name}({json.dumps(arguments, sort_keys=True)}) -> {text}")
+        if attempt.answer is not None:
+            steps.append(f"answer: {attempt.answer}")
+        verdict = "" if attempt.verdict is None else (" [judged: done]" if attempt.verdict else " [judged: not done]")
+        lines.append(f"Attempt {number}{verdict}: " + ("; ".join(steps) or "(no action)"))
+    return "\n".join(lines)
+
+
+class Selector(Protocol):
+    """Chooses what to commit after a rehearsal: one attempt's first turn, or None (generate with the memory)."""
+
+    def select(self, attempts: list[Attempt]) -> Attempt | None:
+        """The attempt whose first turn is committed as it is, or None."""
+        ...
+
+
+class MemoryCommit:
+    """Commit nothing directly: the act role writes the committed turn with the memory in its prompt."""
+
+    def select(self, attempts: list[Attempt]) -> Attempt | None:
+        """Always None."""
+        return None
+
+
+class MajorityCommit:
+    """Commit the most frequent first turn among the attempts (ties: the earliest), as it was generated.
+
+    Args:
+        min_share: the majority's least share of the attempts; below it, fall back to generating with the memory.
+    """
+
+    def __init__(self, min_share: float = 0.5) -> None:
+        if not 0.0 <= min_share <= 1.0:
+            raise ValueError(f"MajorityCommit.min_share must be in [0, 1], got {min_share}")
+        self.min_share = min_share
+
+    def select(self, attempts: list[Attempt]) -> Attempt | None:
+        """The first attempt of the most common first turn, if it holds ``min_share`` of the attempts."""
+        if not attempts:
+            return None
+        counts = Counter(a.first_key for a in attempts)
+        key, count = max(counts.items(), key=lambda kv: (kv[1], -_first_index(attempts, kv[0])))
+        if count / len(attempts) < self.min_share:
+            return None
+        return next(a for a in attempts if a.first_key == key)
+
+
+class JudgedCommit:
+    """Commit the first turn of an attempt the policy itself judged successful (the majority among those).
+
+    The judgement (``Attempt.verdict``) is made by the rehearsing runner: the policy reads the attempt and answers
+    whether it accomplished the request. Without a successful attempt, it generates with the memory.
+    """
+
+    def select(self, attempts: list[Attempt]) -> Attempt | None:
+        """The majority first turn among the attempts judged done, or None."""
+        return MajorityCommit(0.0).select([a for a in attempts if a.verdict])
+
+
+def _first_index(attempts: list[Attempt], key: str) -> int:
+    return next(i for i, a in enumerate(attempts) if a.first_key == key)

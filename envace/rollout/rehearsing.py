@@ -1,0 +1,208 @@
+"""The rehearsing runner: ``EpisodeRunner`` with private rehearsal before committed act turns.
+
+See ``envace.private_rehearsal`` for the procedure. Imagined attempts are forks of an episode's live state (its token
+stream, transcript and messages) whose calls are answered by the policy's rehearse role (a ``RehearseWorld``):
+the real environment is never called for them. The committed turn is generated from the real token stream with the
+memory message spliced in before the generation prompt (the stream's own ids are kept, never re-tokenised), or is
+the first turn of an attempt a selector picked; either way the committed ids are appended to the real stream, which
+never holds the memory.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from envace.policy.chat import decode, encode, render
+from envace.private_rehearsal import Attempt, JudgedCommit, MemoryCommit, PrivateRehearsal, Selector, attempt_of
+from envace.private_rehearsal import memory_text as format_memory
+from envace.rollout.engine import Engine, Generation, SamplingParams
+from envace.rollout.runner import EpisodeRunner, RolloutConfig, _Live
+from envace.rollout.stream import TokenStream, prompt_stream
+from envace.types import Episode, Role, Task
+from envace.users import UserSimulator
+from envace.worlds.base import World
+from envace.worlds.rehearse import RehearseWorld
+
+JUDGE_PROMPT = (
+    "You review an attempt an assistant imagined before acting. The tool responses in it were predicted, not "
+    "observed. Answer with one word: yes if the attempt accomplishes the user's latest request, no otherwise."
+)
+
+
+class RehearsingRunner(EpisodeRunner):
+    """Runs episodes whose committed act turns are preceded by private rehearsal.
+
+    Args:
+        tokenizer: the policy's tokenizer.
+        config: budgets and sampling of the committed episode.
+        rehearsal: the rehearsal budget and mode.
+        prompter: renders the rehearse role's prompts (the policy's own rehearse world, bound to ``tokenizer``).
+        selector: what to commit after a rehearsal (default: generate with the memory).
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, config: RolloutConfig, rehearsal: PrivateRehearsal,
+                 prompter: RehearseWorld, selector: Selector | None = None) -> None:
+        super().__init__(tokenizer, config)
+        self.rehearsal = rehearsal
+        self.prompter = prompter
+        self.selector = selector or MemoryCommit()
+        self.rehearse_engine: Engine | None = None
+        self.rerendered = 0  # memory prompts that had to re-render the stream (no token boundary before its header)
+
+    def run(self, tasks: list[Task], group_indices: list[int], engine: Engine, world: World,
+            world_engine: Engine | None = None, any_active: Any = None, user: UserSimulator | None = None
+            ) -> list[Episode]:
+        """``EpisodeRunner.run`` with private rehearsal (single process or replicated ranks: no lockstep).
+
+        Raises:
+            ValueError: a cross-rank lockstep (``any_active``): sharded models cannot rehearse privately yet.
+        """
+        if any_active is not None and self.rehearsal.rehearsals > 0:
+            raise ValueError("private rehearsal runs without cross-rank lockstep: evaluate a sharded (FSDP) model on "
+                             "one process, or export it and evaluate the export")
+        self.rehearse_engine = world_engine or engine
+        return super().run(tasks, group_indices, engine, world, world_engine, any_active, user)
+
+    # -- the committed turn -----------------------------------------------------------------------------------------
+
+    def _generate_act(self, states: list[_Live], engine: Engine) -> list[Generation]:
+        """Rehearse for the episodes due, then generate (or take) every committed turn in one batch."""
+        due = [s for s in states if self._due(s)]
+        attempts = self._rehearse(due, engine) if due else {}
+        out: dict[int, Generation] = {}
+        prompts: dict[int, list[int]] = {}
+        for s in states:
+            tried = attempts.get(id(s))
+            chosen = self.selector.select(tried) if tried else None
+            if chosen is not None:
+                out[id(s)] = Generation(list(chosen.first_turn), chosen.first_finished)
+                s.episode.stats.private_commits += 1
+            elif tried:
+                prompts[id(s)] = self._memory_stream(s, format_memory(tried, self.rehearsal.max_response_chars)).ids
+            else:
+                prompts[id(s)] = s.stream.ids
+        waiting = [s for s in states if id(s) in prompts]
+        if waiting:
+            generations = engine.generate([prompts[id(s)] for s in waiting], self.config.act_params())
+            out.update({id(s): g for s, g in zip(waiting, generations)})
+        return [out[id(s)] for s in states]
+
+    def _due(self, s: _Live) -> bool:
+        budget = self.rehearsal
+        if budget.rehearsals == 0 or (budget.granularity == "task" and s.episode.stats.act_turns > 0):
+            return False
+        return budget.max_tokens is None or s.episode.stats.private_tokens < budget.max_tokens
+
+    # -- imagined attempts ------------------------------------------------------------------------------------------
+
+    def _rehearse(self, due: list[_Live], engine: Engine) -> dict[int, list[Attempt]]:
+        """``rehearsals`` attempts per due episode: all at once (parallel) or one round at a time (sequential)."""
+        attempts: dict[int, list[Attempt]] = {id(s): [] for s in due}
+        rounds = 1 if self.rehearsal.mode == "parallel" else self.rehearsal.rehearsals
+        per_round = self.rehearsal.rehearsals if self.rehearsal.mode == "parallel" else 1
+        for _ in range(rounds):
+            forks = [(s, self._fork(s, attempts[id(s)])) for s in due for _ in range(per_round)]
+            for s, attempt in zip([s for s, _ in forks], self._play([f for _, f in forks], engine)):
+                attempts[id(s)].append(attempt)
+                s.episode.stats.private_rehearsals += 1
+                s.episode.stats.private_tokens += attempt.tokens
+        if isinstance(self.selector, JudgedCommit):
+            self._judge(due, attempts, engine)
+        return attempts
+
+    def _fork(self, s: _Live, earlier: list[Attempt]) -> _Live:
+        """A copy of the episode's live state whose calls the rehearse role answers (with the earlier memory)."""
+        branch = _Live(copy.deepcopy(s.episode), copy.deepcopy(s.stream), copy.deepcopy(s.transcript),
+                       self.prompter.open(s.episode.task), user_turn=s.user_turn, turn_steps=s.turn_steps,
+                       unlocked=set(s.unlocked))
+        if earlier:  # sequential: this attempt sees the memory of the earlier ones
+            text = format_memory(earlier, self.rehearsal.max_response_chars)
+            branch.stream = self._memory_stream(s, text)
+            branch.transcript = branch.transcript + [self._memory_message(text)]
+        return branch
+
+    def _play(self, branches: list[_Live], engine: Engine) -> list[Attempt]:
+        """Play every branch in the rehearsed world for at most ``horizon`` act turns; read each as an attempt."""
+        assert self.rehearse_engine is not None
+        params = replace(self.config.act_params(), temperature=self.rehearsal.temperature)
+        starts = [(len(b.episode.messages), b.episode.stats.real_calls, len(b.episode.rehearsals)) for b in branches]
+        first: dict[int, Generation] = {}
+        tokens = {id(b): 0 for b in branches}
+        answered: set[int] = set()
+        for _ in range(self.rehearsal.horizon or self.config.max_turns):
+            active = [b for b in branches if not b.done and not b.awaiting_user and id(b) not in answered]
+            if not active:
+                break
+            for b, gen in zip(active, engine.generate([b.stream.ids for b in active], params)):
+                first.setdefault(id(b), gen)
+                tokens[id(b)] += len(gen.token_ids)
+                self._take_act_turn(b, gen)
+                if not b.pending:
+                    answered.add(id(b))
+            pending = [b for b in active if b.pending]
+            if pending:
+                self._world_step(pending, self.prompter, self.rehearse_engine, False)
+        return [self._attempt(b, start, first[id(b)], tokens[id(b)]) for b, start in zip(branches, starts)]
+
+    def _attempt(self, branch: _Live, start: tuple[int, int, int], first: Generation, tokens: int) -> Attempt:
+        messages, real_calls, rehearsals = start
+        if branch.episode.stats.real_calls != real_calls:  # the rehearse world never executes: a broken invariant
+            raise AssertionError("a private rehearsal made a real call")
+        rehearsed = branch.episode.rehearsals[rehearsals:]
+        tokens += sum(sum(r.sample.loss_mask) for r in rehearsed if r.sample is not None)
+        attempt = attempt_of(branch.episode, messages, first.token_ids, tokens)
+        attempt.first_finished = first.finished
+        return attempt
+
+    # -- judging (JudgedCommit) -------------------------------------------------------------------------------------
+
+    def _judge(self, due: list[_Live], attempts: dict[int, list[Attempt]], engine: Engine) -> None:
+        """The policy's own verdict on each attempt (greedy yes/no); its tokens count against the budget."""
+        pairs = [(s, a) for s in due for a in attempts[id(s)]]
+        prompts = [self._judge_prompt(s, a) for s, a in pairs]
+        generations = engine.generate(prompts, SamplingParams(max_new_tokens=3, temperature=0.0))
+        for (s, attempt), gen in zip(pairs, generations):
+            attempt.verdict = decode(self.tokenizer, gen.token_ids).strip().lower().startswith("yes")
+            s.episode.stats.private_tokens += len(gen.token_ids)
+
+    def _judge_prompt(self, s: _Live, attempt: Attempt) -> list[int]:
+        request = next((m["content"] for m in reversed(s.episode.messages) if m["role"] == "user"), "")
+        summary = format_memory([attempt], self.rehearsal.max_response_chars).splitlines()[-1]
+        chat = [{"role": "system", "content": JUDGE_PROMPT},
+                {"role": "user", "content": f"The user's request: {request}\n{summary}\nAccomplished?"}]
+        return encode(self.tokenizer, render(self.tokenizer, chat, None, add_generation_prompt=True))
+
+    # -- the memory in a prompt -------------------------------------------------------------------------------------
+
+    def _memory_message(self, text: str) -> dict[str, Any]:
+        return {"role": self.rehearsal.memory_role, "content": text}
+
+    def _memory_stream(self, s: _Live, text: str) -> TokenStream:
+        """The episode's stream with the memory message before its generation prompt, the stream's ids kept."""
+        tools = s.episode.task.visible_tools()
+        closed = render(self.tokenizer, s.transcript, tools, add_generation_prompt=False)
+        full = render(self.tokenizer, s.transcript + [self._memory_message(text)], tools, add_generation_prompt=True)
+        cut = _header_tokens(self.tokenizer, s.stream, closed)
+        if cut is None or not full.startswith(closed):
+            self.rerendered += 1
+            return prompt_stream(self.tokenizer, s.transcript + [self._memory_message(text)], tools)
+        stream = TokenStream(s.stream.ids[: len(s.stream) - cut], s.stream.roles[: len(s.stream) - cut],
+                             s.stream.mask[: len(s.stream) - cut], closed)
+        stream.extend(encode(self.tokenizer, full[len(closed):]), Role.SYSTEM, full[len(closed):])
+        return stream
+
+
+def _header_tokens(tokenizer: PreTrainedTokenizerBase, stream: TokenStream, closed: str) -> int | None:
+    """How many trailing ids of ``stream`` are its generation prompt (the text after ``closed``), if on a boundary."""
+    if not stream.text.startswith(closed):
+        return None
+    header = stream.text[len(closed):]
+    for count in range(0, min(len(stream), 64) + 1):
+        tail = stream.ids[len(stream) - count:] if count else []
+        if decode(tokenizer, tail) == header:
+            return count
+    return None

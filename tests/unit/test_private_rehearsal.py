@@ -1,0 +1,180 @@
+"""Private rehearsal at test time (envace.private_rehearsal, envace.rollout.rehearsing) with scripted generations.
+
+The act engine's script lists, in call order, the imagined attempts' act turns and the committed turns; the rehearse
+engine's script the rehearsed responses. Every test checks that the budget is spent exactly, that the real
+environment only ever sees committed calls, and that the act row holds only the committed turns, never the memory.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from helpers import ScriptedEngine
+
+from envace.builtin.bank import Bank
+from envace.envs.real import tool_schemas_from_class
+from envace.policy.chat import decode, encode, render
+from envace.private_rehearsal import (
+    MEMORY_HEADER,
+    JudgedCommit,
+    MajorityCommit,
+    PrivateRehearsal,
+    memory_text,
+)
+from envace.rollout.rehearsing import RehearsingRunner
+from envace.rollout.runner import EpisodeRunner, RolloutConfig
+from envace.types import EnvSpec, Episode, ExpectedCall, Role, SuccessSpec, Task, ToolCall
+from envace.worlds import RealWorld, RehearseWorld
+
+
+def call_text(name: str, arguments: dict[str, Any]) -> str:
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+
+def result_text(value: Any) -> str:
+    return f"<execution_result>\n{json.dumps(value)}\n</execution_result>"
+
+
+CALL_A1 = call_text("get_balance", {"account": "A1"})
+CALL_B2 = call_text("get_balance", {"account": "B2"})
+TASK = Task(
+    id="bank-a1",
+    messages=({"role": "system", "content": "You are a bank assistant."},
+              {"role": "user", "content": "What is the balance of account A1?"}),
+    tools=tuple(tool_schemas_from_class(Bank)),
+    success=SuccessSpec(calls=(ExpectedCall("get_balance", {"account": "A1"}),)),
+    environment=EnvSpec("envace.builtin.bank.Bank", {"balances": {"A1": 120, "B2": 50}, "fee": 1}),
+)
+
+
+@pytest.fixture
+def tok(tiny_tokenizer):
+    return tiny_tokenizer
+
+
+def run(tok, budget: PrivateRehearsal, act: list[str], rehearse: list[str], selector: Any = None,
+        tasks: list[Task] | None = None, **config: Any) -> tuple[list[Episode], ScriptedEngine, ScriptedEngine,
+                                                                   RehearsingRunner]:
+    act_engine, rehearse_engine = ScriptedEngine(tok, act), ScriptedEngine(tok, rehearse)
+    world, prompter = RealWorld(), RehearseWorld()
+    world.bind(tok, model=None)
+    prompter.bind(tok, model=None)
+    runner = RehearsingRunner(tok, RolloutConfig(**{"check_render": True, "act_temperature": 0.0, **config}),
+                              budget, prompter, selector)
+    tasks = tasks or [TASK]
+    episodes = runner.run(tasks, list(range(len(tasks))), act_engine, world, world_engine=rehearse_engine)
+    assert act_engine.remaining == 0 and rehearse_engine.remaining == 0, "script not fully consumed"
+    return episodes, act_engine, rehearse_engine, runner
+
+
+def act_runs(tok, ep: Episode) -> list[str]:
+    """The decoded act-role runs of the episode's row (its committed turns), stop tokens dropped."""
+    runs, current = [], []
+    for token, role in zip(ep.act.token_ids, ep.act.role_ids):
+        if role == Role.ACT:
+            current.append(token)
+        elif current:
+            runs.append(current)
+            current = []
+    runs += [current] if current else []
+    return [tok.decode(r, skip_special_tokens=True) for r in runs]
+
+
+def test_parallel_rehearsal_before_each_step_spends_the_budget_exactly(tok):
+    budget = PrivateRehearsal(rehearsals=2, mode="parallel", granularity="step", horizon=1)
+    act = [CALL_A1, CALL_B2,  # step 1: the two imagined attempts (one act turn each)
+           CALL_A1,  # the committed turn, written with the memory
+           "120", "120",  # step 2: two imagined answers (no call: nothing to rehearse)
+           "120"]  # committed
+    (ep,), act_engine, rehearse_engine, _ = run(tok, budget, act, [result_text({"balance": 120}),
+                                                                   result_text({"balance": 50})])
+    assert [len(call) for call in act_engine.calls] == [2, 1, 2, 1] and rehearse_engine.call_count == 1
+    assert ep.stats.private_rehearsals == 4 and ep.stats.private_real_calls == 0 and ep.stats.private_commits == 0
+    assert ep.calls == [ToolCall("get_balance", {"account": "A1"})] and ep.stats.real_calls == 1  # committed only
+    assert [m["content"] for m in ep.messages if m["role"] == "tool"] == ['{"account": "A1", "balance": 120}']
+    assert act_runs(tok, ep) == [CALL_A1, "120"] and MEMORY_HEADER not in decode(tok, ep.act.token_ids)
+    # the attempts start from the real prompt; the committed turn's prompt is it plus the memory, ids kept
+    real_prompt = act_engine.calls[0][0]
+    assert act_engine.calls[0] == [real_prompt, real_prompt]
+    commit = decode(tok, act_engine.calls[1][0])
+    memory = memory_text([], 300).splitlines()[0]
+    assert memory in commit and 'get_balance({"account": "B2"}) -> {"balance": 50}' in commit
+    transcript = [dict(m) for m in TASK.messages]
+    closed = render(tok, transcript, list(TASK.tools), add_generation_prompt=False)
+    assert act_engine.calls[1][0][: len(encode(tok, closed))] == real_prompt[: len(encode(tok, closed))]
+    generated = sum(len(encode(tok, t)) + 1 for t in act[:2] + act[3:5])
+    rehearsed = sum(len(g) for g in rehearse_engine.generated)
+    assert ep.stats.private_tokens == generated + rehearsed
+
+
+def test_task_granularity_rehearses_once_with_a_horizon(tok):
+    budget = PrivateRehearsal(rehearsals=3, granularity="task", horizon=2)
+    act = [CALL_A1, CALL_A1, CALL_B2, "120", "120", "50",  # three attempts, two act turns each
+           CALL_A1, "120"]  # the committed episode: no rehearsal before its second turn
+    rehearse = [result_text({"balance": 120})] * 2 + [result_text({"balance": 50})]
+    (ep,), act_engine, _, _ = run(tok, budget, act, rehearse)
+    assert [len(call) for call in act_engine.calls] == [3, 3, 1, 1] and ep.stats.private_rehearsals == 3
+    assert "answer: 50" in decode(tok, act_engine.calls[2][0]) and ep.final_answer == "120"
+
+
+def test_sequential_attempts_see_the_earlier_ones(tok):
+    budget = PrivateRehearsal(rehearsals=2, mode="sequential", granularity="task", horizon=1)
+    act = [CALL_B2, CALL_A1, CALL_A1, "120"]
+    rehearse = [result_text({"balance": 50}), result_text({"balance": 120})]
+    (ep,), act_engine, rehearse_engine, _ = run(tok, budget, act, rehearse)
+    assert [len(call) for call in act_engine.calls] == [1, 1, 1, 1] and rehearse_engine.call_count == 2
+    first, second, commit = (decode(tok, act_engine.calls[i][0]) for i in range(3))
+    assert MEMORY_HEADER not in first
+    assert "Attempt 1: get_balance" in second and "Attempt 2" not in second
+    assert "Attempt 1: get_balance" in commit and "Attempt 2: get_balance" in commit
+    assert ep.stats.private_rehearsals == 2 and ep.stats.real_calls == 1
+
+
+def test_majority_commit_takes_the_attempts_own_tokens(tok):
+    budget = PrivateRehearsal(rehearsals=3, granularity="task", horizon=1)
+    act = [CALL_B2, CALL_A1, CALL_A1, "120"]  # no committed generation for turn 1: the majority is taken
+    rehearse = [result_text({"balance": 50}), result_text({"balance": 120}), result_text({"balance": 120})]
+    (ep,), act_engine, _, _ = run(tok, budget, act, rehearse, selector=MajorityCommit())
+    assert [len(call) for call in act_engine.calls] == [3, 1] and ep.stats.private_commits == 1
+    assert ep.calls == [ToolCall("get_balance", {"account": "A1"})] and act_runs(tok, ep) == [CALL_A1, "120"]
+
+
+def test_judged_commit_picks_an_attempt_the_policy_judged_done(tok):
+    budget = PrivateRehearsal(rehearsals=2, granularity="task", horizon=2)
+    act = [CALL_B2, CALL_A1, "50", "120",  # two attempts
+           "no", "yes",  # the policy's verdicts on them
+           "120"]  # the committed episode's second turn (the first is attempt 2's)
+    rehearse = [result_text({"balance": 50}), result_text({"balance": 120})]
+    (ep,), act_engine, _, _ = run(tok, budget, act, rehearse, selector=JudgedCommit())
+    assert [len(call) for call in act_engine.calls] == [2, 2, 2, 1]
+    assert "Accomplished?" in decode(tok, act_engine.calls[2][0])
+    assert ep.calls == [ToolCall("get_balance", {"account": "A1"})] and ep.stats.private_commits == 1
+
+
+def test_no_budget_is_the_plain_runner(tok):
+    act = [CALL_A1, "120"]
+    (ep,), act_engine, _, _ = run(tok, PrivateRehearsal(rehearsals=0), act, [])
+    plain_engine = ScriptedEngine(tok, act)
+    world = RealWorld()
+    world.bind(tok, model=None)
+    (plain,) = EpisodeRunner(tok, RolloutConfig(act_temperature=0.0)).run([TASK], [0], plain_engine, world)
+    assert act_engine.calls == plain_engine.calls and ep.act.token_ids == plain.act.token_ids
+    assert ep.stats.private_rehearsals == 0 and ep.stats.private_tokens == 0
+
+
+def test_a_token_cap_stops_rehearsing_once_spent(tok):
+    budget = PrivateRehearsal(rehearsals=1, granularity="step", horizon=1, max_tokens=1)
+    act = [CALL_A1, CALL_A1, "120"]  # one attempt, then the cap is spent: the second turn is not rehearsed
+    (ep,), act_engine, _, _ = run(tok, budget, act, [result_text({"balance": 120})])
+    assert [len(call) for call in act_engine.calls] == [1, 1, 1] and ep.stats.private_rehearsals == 1
+
+
+def test_bad_budgets_are_refused_by_field() -> None:
+    with pytest.raises(ValueError, match="mode: 'both'"):
+        PrivateRehearsal(rehearsals=1, mode="both")
+    with pytest.raises(ValueError, match="rehearsals and horizon must be >= 0"):
+        PrivateRehearsal(rehearsals=-1)
+    with pytest.raises(ValueError, match="granularity: 'turn'"):
+        PrivateRehearsal(granularity="turn")
