@@ -23,8 +23,10 @@ from envace.audit import replay, sim_to_real
 from envace.fidelity import RehearsalFidelity, reference_probes, rehearse_probes
 from envace.metrics import ROLLOUT_METRICS, rollout_metrics
 from envace.policy.hf import adapter_context
+from envace.private_rehearsal import PrivateRehearsal, Selector
 from envace.rewards.base import Reward
 from envace.rollout.engine import HFEngine, SamplingParams
+from envace.rollout.rehearsing import RehearsingRunner
 from envace.rollout.runner import EpisodeRunner, RolloutConfig
 from envace.scoring import score_episodes
 from envace.types import Episode, Task
@@ -74,11 +76,16 @@ class PolicyEvaluator(nn.Module):
         fidelity: measure the rehearsal fidelity of the reference calls.
         imagined: also run every task in the policy's own rehearsed world and log ``imagined_success``.
         user: the simulated user of tasks with ``Task.user``.
+        rehearsal: private rehearsal before committed act turns in ``test`` (``envace.private_rehearsal``); None or
+            a zero budget acts plainly.
+        selector: what a rehearsal commits (default: the act role writes the turn with the rehearsal memory).
     """
 
     def __init__(self, world: World, prompter: RehearseWorld, rewards: list[Reward], rollout: RolloutConfig,
-                 fidelity: bool = True, imagined: bool = True, user: UserSimulator | None = None) -> None:
+                 fidelity: bool = True, imagined: bool = True, user: UserSimulator | None = None,
+                 rehearsal: PrivateRehearsal | None = None, selector: Selector | None = None) -> None:
         super().__init__()
+        self.rehearsal, self.selector = rehearsal, selector
         self.world, self.prompter, self.rewards, self.user = world, prompter, rewards, user
         self.rollout = replace(rollout, act_temperature=0.0, rehearse_temperature=0.0)
         self.with_fidelity, self.with_imagined = fidelity, imagined
@@ -92,10 +99,16 @@ class PolicyEvaluator(nn.Module):
         self.fidelity = nn.ModuleDict({split: RehearsalFidelity() for split in SPLITS})
         self.last_episodes: list[Episode] = []
 
+    def _runner(self, tokenizer: Any, prefix: str) -> EpisodeRunner:
+        """The plain runner, or in ``test`` with a rehearsal budget the rehearsing one."""
+        if prefix == "test" and self.rehearsal is not None and self.rehearsal.rehearsals > 0:
+            return RehearsingRunner(tokenizer, self.rollout, self.rehearsal, self.prompter, self.selector)
+        return EpisodeRunner(tokenizer, self.rollout)
+
     def evaluate(self, module: L.LightningModule, tasks: list[Task], prefix: str, act: HFEngine,
                  rehearse: HFEngine, tokenizer: Any) -> None:
         """Evaluate ``tasks`` and log the running means under ``prefix/`` (epoch-level)."""
-        runner = EpisodeRunner(tokenizer, self.rollout)
+        runner = self._runner(tokenizer, prefix)
         any_active = _any_active(module) if module.trainer.world_size > 1 else None
         indices = list(range(len(tasks)))
         with torch.no_grad():
@@ -107,8 +120,8 @@ class PolicyEvaluator(nn.Module):
                 means[key].update(torch.tensor(value), weight=len(episodes))  # weight 0 on an empty batch
                 module.log(f"{prefix}/{key}", means[key], on_step=False, on_epoch=True)
             if self.with_imagined:
-                imagined = runner.run(tasks, indices, act, self.prompter, rehearse, any_active=any_active,
-                                      user=self.user)
+                imagined = EpisodeRunner(tokenizer, self.rollout).run(tasks, indices, act, self.prompter, rehearse,
+                                                                      any_active=any_active, user=self.user)
                 score_episodes(imagined, self.rewards)
                 success = sum(float(e.success) for e in imagined) / len(imagined) if imagined else 0.0
                 self.imagined[prefix].update(torch.tensor(success), weight=len(imagined))

@@ -35,6 +35,7 @@ from envace.losses.policy import ClippedPolicyLoss
 from envace.metrics import rollout_metrics
 from envace.policy.chat import check_chat_template
 from envace.policy.hf import Policy, adapter_context
+from envace.private_rehearsal import PrivateRehearsal, Selector
 from envace.quality import WorldQuality
 from envace.rewards.base import Reward
 from envace.rewards.shaping import PredictionErrorShaping
@@ -88,6 +89,10 @@ class EnvACEModule(PolicyModule):
             than to learn from. None skips the check.
         user: a simulated user (a local model that is never trained) writing the user turns of tasks with
             ``Task.user`` after their scripted ones, in training and evaluation (tau^2's user-mode tasks).
+        test_rehearsal: under ``envace test``, rehearse privately before committed act turns (the paper's test-time
+            claim; ``envace.private_rehearsal``), e.g. ``--model.test_rehearsal.rehearsals=4``. None acts plainly.
+        rehearsal_selector: what a rehearsal commits: ``envace.private_rehearsal.MemoryCommit`` (default: the act
+            role writes the turn with the rehearsal memory), ``MajorityCommit`` or ``JudgedCommit``.
     """
 
     def __init__(
@@ -113,6 +118,8 @@ class EnvACEModule(PolicyModule):
         audit: WorldAudit | None = None,
         guard: CollusionGuard | None = None,
         user: ModelUser | None = None,
+        test_rehearsal: PrivateRehearsal | None = None,
+        rehearsal_selector: Selector | None = None,
     ) -> None:
         super().__init__()
         if fidelity_gate is not None and not 0.0 <= fidelity_gate <= 1.0:
@@ -147,7 +154,7 @@ class EnvACEModule(PolicyModule):
         self.quality = WorldQuality(self.world, audit, guard)
         self.user = user
         self.evaluator = PolicyEvaluator(self.eval_world, self.prompter, self.rewards, rollout, eval_fidelity,
-                                         eval_imagined, user)
+                                         eval_imagined, user, test_rehearsal, rehearsal_selector)
 
     # -- setup ------------------------------------------------------------------------------------------------------
 

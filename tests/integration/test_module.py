@@ -210,3 +210,19 @@ def test_a_simulated_user_writes_the_later_user_turns_in_training(tmp_path: Path
         assert [m["role"] for m in episode.messages].count("user") == 2
         assert episode.final_answer == "120"
     assert cli.model.user.model.engine is not None  # built once, next to the policy
+
+
+@pytest.mark.slow
+def test_envace_test_runs_the_rehearsal_agent_with_a_budget_from_the_command_line(tmp_path: Path,
+                                                                                  scripted_act: None) -> None:
+    # the scripted act role calls get_balance(A1), then answers "120": every committed turn is preceded by 2
+    # imagined attempts (one act turn each), the majority of which is committed as it was generated
+    cli = _run(tmp_path, "test", "--trainer.limit_test_batches=1", "--data.test_tasks=builtin:bank-test:4",
+               "--model.test_rehearsal.rehearsals=2", "--model.test_rehearsal.horizon=1",
+               "--model.rehearsal_selector=envace.private_rehearsal.MajorityCommit",
+               "--model.rollout.rehearse_max_new_tokens=8")
+    metrics = {k: float(v) for k, v in cli.trainer.callback_metrics.items()}
+    assert metrics["test/private_rehearsals_per_episode"] == 4.0  # 2 committed turns x 2 attempts
+    assert metrics["test/private_real_calls"] == 0.0 and metrics["test/real_calls"] == 4.0  # the committed calls
+    for episode in cli.model.last_episodes:
+        assert episode.stats.private_commits == 2 and episode.final_answer == "120"
