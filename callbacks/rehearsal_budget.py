@@ -1,0 +1,210 @@
+"""The rehearsal-budget ablation: real-environment success on held-out tasks for growing private-rehearsal budgets.
+
+For every mode (``parallel``, ``sequential``) and budget (attempts per committed act turn, e.g. 0, 1, 2, 4, 8), the
+policy runs the held-out tasks with ``envace.rollout.rehearsing.RehearsingRunner``: attempts answered by its own
+rehearse role, committed turns answered by the module's evaluation world (``RealWorld``: real success). Budget 0 is
+plain acting, run once and shared by both modes. The callback logs the curves to TensorBoard
+(``rehearsal_budget/<mode>/{success,tokens}`` with the budget as the x axis; other loggers get one key per budget)
+and writes ``rehearsal_budget_step<N>.{json,md,png}`` (success and rehearsal tokens per episode against the budget)
+under ``output_dir`` (default: the logger's directory). It runs at the end of ``fit``, under ``envace test`` and
+every ``every_n_steps`` steps. Real calls are counted: committed ones in ``real_calls``, rehearsal ones in
+``private_real_calls`` (always 0).
+
+Config::
+
+    trainer:
+      callbacks:
+        - class_path: callbacks.rehearsal_budget.RehearsalBudgetAblation
+          init_args: {tasks: builtin:bank-test, limit: 64, budgets: [0, 1, 2, 4, 8]}
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.utilities import rank_zero_only
+
+from envace.private_rehearsal import Granularity, PrivateRehearsal, Selector
+
+MODES = ("parallel", "sequential")
+
+
+class RehearsalBudgetAblation(L.Callback):
+    """Real success against the private-rehearsal budget, in both modes.
+
+    Args:
+        tasks: the held-out tasks (a task file or a ``builtin:`` split, as ``data.test_tasks``).
+        limit: first tasks of the file (None: all).
+        budgets: attempts per rehearsal to compare (0: plain acting).
+        modes: ``parallel`` and/or ``sequential``.
+        granularity: rehearse before every committed act turn (``step``) or before the first (``task``).
+        horizon: most act turns of one imagined attempt.
+        temperature: sampling temperature of the attempts.
+        selector: what a rehearsal commits (default: the act role writes the turn with the memory).
+        seed: seeds the attempts' sampling, the same for every budget and mode.
+        at_fit_end: run when ``fit`` ends.
+        on_test: run at the end of ``envace test``.
+        every_n_steps: also run every this many optimiser steps (0: never).
+        output_dir: where the table, JSON and plot go (default: ``<log dir>/rehearsal_budget``).
+    """
+
+    def __init__(
+        self,
+        tasks: str = "builtin:bank-test",
+        limit: int | None = 64,
+        budgets: list[int] | None = None,
+        modes: list[str] | None = None,
+        granularity: Granularity = "step",
+        horizon: int = 2,
+        temperature: float = 1.0,
+        selector: Selector | None = None,
+        seed: int = 0,
+        at_fit_end: bool = True,
+        on_test: bool = True,
+        every_n_steps: int = 0,
+        output_dir: str | None = None,
+    ) -> None:
+        self.budgets = sorted(set([0, 1, 2, 4, 8] if budgets is None else budgets))
+        self.modes = list(MODES if modes is None else modes)
+        for mode in self.modes:
+            if mode not in MODES:
+                raise ValueError(f"modes: '{mode}'; valid: {', '.join(MODES)}")
+        if any(b < 0 for b in self.budgets) or not self.budgets:
+            raise ValueError(f"budgets: at least one, each >= 0; got {budgets}")
+        if (limit is not None and limit < 1) or every_n_steps < 0:
+            raise ValueError("limit must be >= 1 (or null) and every_n_steps >= 0")
+        PrivateRehearsal(1, self.modes[0], granularity, horizon, temperature)  # checks the settings by field
+        self.tasks_spec, self.limit = tasks, limit
+        self.granularity, self.horizon, self.temperature = granularity, horizon, temperature
+        self.selector, self.seed = selector, seed
+        self.at_fit_end, self.on_test, self.every_n_steps = at_fit_end, on_test, every_n_steps
+        self.output_dir = output_dir
+        self.history: list[dict[str, Any]] = []
+
+    # -- hooks ------------------------------------------------------------------------------------------------------
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        """Run every ``every_n_steps`` optimiser steps."""
+        step = trainer.global_step
+        if self.every_n_steps and step > 0 and step % self.every_n_steps == 0 and not self._done_at(step):
+            self.evaluate(trainer, pl_module)
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Run on the final weights."""
+        if self.at_fit_end and not self._done_at(trainer.global_step):
+            self.evaluate(trainer, pl_module)
+
+    def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Run on a checkpoint under ``envace test``."""
+        if self.on_test:
+            self.evaluate(trainer, pl_module)
+
+    def _done_at(self, step: int) -> bool:
+        return bool(self.history) and self.history[-1]["step"] == step
+
+    # -- the ablation -----------------------------------------------------------------------------------------------
+
+    def evaluate(self, trainer: L.Trainer, pl_module: Any) -> dict[str, Any]:
+        """Run every (mode, budget); log the curves, write the files, return the record."""
+        import torch
+
+        from envace.data.tasks import load_tasks, resolve_task_path
+
+        tasks = load_tasks(resolve_task_path(self.tasks_spec))[: self.limit]
+        pl_module._bind_worlds()
+        rows: list[dict[str, Any]] = []
+        with torch.no_grad():
+            plain = self._run(pl_module, tasks, PrivateRehearsal(0))
+            for mode in self.modes:
+                for budget in self.budgets:
+                    row = plain if budget == 0 else self._run(pl_module, tasks, self._budget(budget, mode))
+                    rows.append({"mode": mode, "budget": budget, **row})
+        record = {"step": trainer.global_step, "tasks": self.tasks_spec, "n_tasks": len(tasks),
+                  "granularity": self.granularity, "horizon": self.horizon, "rows": rows}
+        self.history.append(record)
+        self._log(trainer, rows)
+        self._write(trainer, record)
+        return record
+
+    def _budget(self, budget: int, mode: str) -> PrivateRehearsal:
+        return PrivateRehearsal(budget, mode, self.granularity, self.horizon, self.temperature)  # type: ignore[arg-type]
+
+    def _run(self, module: Any, tasks: list[Any], rehearsal: PrivateRehearsal) -> dict[str, float]:
+        """One setting: greedy committed turns in the evaluation world, attempts sampled under ``seed``."""
+        import torch
+
+        from envace.rollout.rehearsing import RehearsingRunner
+        from envace.scoring import score_episodes
+
+        torch.manual_seed(self.seed)
+        config = replace(module.evaluator.rollout)
+        runner = RehearsingRunner(module.tokenizer, config, rehearsal, module.prompter, self.selector)
+        episodes = runner.run(tasks, list(range(len(tasks))), module.act_engine, module.evaluator.world,
+                              module.rehearse_engine, user=module.user)
+        score_episodes(episodes, module.rewards)
+        n = max(len(episodes), 1)
+        return {
+            "success": sum(float(e.success) for e in episodes) / n,
+            "tokens_per_episode": sum(e.stats.private_tokens for e in episodes) / n,
+            "attempts_per_episode": sum(e.stats.private_rehearsals for e in episodes) / n,
+            "real_calls": float(sum(e.stats.real_calls for e in episodes)),
+            "private_real_calls": float(sum(e.stats.private_real_calls for e in episodes)),
+        }
+
+    def _log(self, trainer: L.Trainer, rows: list[dict[str, Any]]) -> None:
+        for logger in trainer.loggers:
+            experiment = getattr(logger, "experiment", None)
+            if hasattr(experiment, "add_scalar"):  # TensorBoard: a curve over the budget
+                for row in rows:
+                    for key in ("success", "tokens_per_episode"):
+                        experiment.add_scalar(f"rehearsal_budget/{row['mode']}/{key}", row[key], row["budget"])
+            else:
+                logger.log_metrics({f"rehearsal_budget/{r['mode']}/success_b{r['budget']}": r["success"]
+                                    for r in rows}, step=trainer.global_step)
+
+    @rank_zero_only
+    def _write(self, trainer: L.Trainer, record: dict[str, Any]) -> None:
+        root = Path(self.output_dir or Path(trainer.log_dir or trainer.default_root_dir) / "rehearsal_budget")
+        root.mkdir(parents=True, exist_ok=True)
+        name = f"rehearsal_budget_step{record['step']}"
+        (root / f"{name}.json").write_text(json.dumps(record, indent=1), encoding="utf-8")
+        (root / f"{name}.md").write_text(markdown(record) + "\n", encoding="utf-8")
+        plot(record, root / f"{name}.png")
+
+
+def markdown(record: dict[str, Any]) -> str:
+    """The ablation as a Markdown table."""
+    lines = [f"Private rehearsal budget at step {record['step']} ({record['n_tasks']} tasks of {record['tasks']}; "
+             f"{record['granularity']} granularity, horizon {record['horizon']})", "",
+             "| mode | budget | real success | rehearsal tokens / episode | attempts / episode | real calls | "
+             "real calls in rehearsal |", "|---|---|---|---|---|---|---|"]
+    for r in record["rows"]:
+        lines.append(f"| {r['mode']} | {r['budget']} | {r['success']:.3f} | {r['tokens_per_episode']:.1f} | "
+                     f"{r['attempts_per_episode']:.1f} | {r['real_calls']:.0f} | {r['private_real_calls']:.0f} |")
+    return "\n".join(lines)
+
+
+def plot(record: dict[str, Any], path: Path) -> None:
+    """Success and rehearsal tokens per episode against the budget, one line per mode."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
+    for mode in dict.fromkeys(r["mode"] for r in record["rows"]):
+        rows = [r for r in record["rows"] if r["mode"] == mode]
+        budgets = [r["budget"] for r in rows]
+        left.plot(budgets, [r["success"] for r in rows], marker="o", label=mode)
+        right.plot(budgets, [r["tokens_per_episode"] for r in rows], marker="o", label=mode)
+    left.set(xlabel="rehearsal budget (attempts per committed turn)", ylabel="real success", ylim=(0, 1))
+    right.set(xlabel="rehearsal budget (attempts per committed turn)", ylabel="rehearsal tokens per episode")
+    left.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)

@@ -1,0 +1,59 @@
+"""The rehearsal-budget ablation callback under ``envace test``: every (mode, budget) runs in the real environment,
+the budget is spent exactly, rehearsal makes no real call, and the curve, table, JSON and plot are written."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from unittest import mock
+
+import pytest
+
+from envace.cli import cli_main as main
+
+ROOT = Path(__file__).parents[2]
+TINY = str(ROOT / "lit_configs" / "tiny.yaml")
+sys.path.insert(0, str(Path(__file__).parent))
+from test_fit_tiny import _scalars  # noqa: E402
+
+
+@pytest.mark.slow
+def test_the_ablation_runs_every_budget_in_both_modes_and_writes_its_files(tmp_path: Path,
+                                                                          scripted_act: None) -> None:
+    # the scripted act role calls get_balance(A1) then answers "120", attempts included: 2 committed turns per episode
+    callback = json.dumps([{"class_path": "callbacks.rehearsal_budget.RehearsalBudgetAblation",
+                            "init_args": {"tasks": "builtin:bank-test", "limit": 3, "budgets": [0, 1, 2],
+                                          "horizon": 1, "output_dir": str(tmp_path / "ablation")}}])
+    args = ["test", "--config", TINY, f"--trainer.default_root_dir={tmp_path}",
+            f"--trainer.logger.init_args.save_dir={tmp_path}", f"--trainer.callbacks={callback}",
+            "--trainer.limit_test_batches=1", "--data.test_tasks=builtin:bank-test:2",
+            "--model.rollout.rehearse_max_new_tokens=8"]
+    with mock.patch.object(sys, "argv", ["envace"]):
+        cli = main(args)
+    (ablation,) = [c for c in cli.trainer.callbacks if type(c).__name__ == "RehearsalBudgetAblation"]
+    rows = {(r["mode"], r["budget"]): r for r in ablation.history[-1]["rows"]}
+    assert set(rows) == {(m, b) for m in ("parallel", "sequential") for b in (0, 1, 2)}
+    for (_, budget), row in rows.items():
+        assert row["attempts_per_episode"] == 2 * budget  # before each of the 2 committed turns
+        assert row["private_real_calls"] == 0 and row["real_calls"] == 3  # one committed call per task
+        assert row["success"] == rows[("parallel", 0)]["success"]  # the scripted act role ignores the memory
+        assert (row["tokens_per_episode"] > 0) == (budget > 0)
+    plain = [{k: v for k, v in rows[(mode, 0)].items() if k != "mode"} for mode in ("parallel", "sequential")]
+    assert plain[0] == plain[1]  # plain acting, run once
+    files = sorted(p.name for p in (tmp_path / "ablation").iterdir())
+    assert files == [f"rehearsal_budget_step0.{ext}" for ext in ("json", "md", "png")]
+    assert "| sequential | 2 | " in (tmp_path / "ablation" / "rehearsal_budget_step0.md").read_text()
+    curve = _scalars(tmp_path)["rehearsal_budget/parallel/tokens_per_episode"]
+    assert len(curve) == 3 and curve[0] == 0.0 and curve[1] > 0  # one point per budget
+
+
+def test_bad_settings_are_refused_by_name() -> None:
+    from callbacks.rehearsal_budget import RehearsalBudgetAblation
+
+    with pytest.raises(ValueError, match="modes: 'both'"):
+        RehearsalBudgetAblation(modes=["both"])
+    with pytest.raises(ValueError, match="budgets: at least one, each >= 0"):
+        RehearsalBudgetAblation(budgets=[-1])
+    with pytest.raises(ValueError, match="granularity: 'turn'"):
+        RehearsalBudgetAblation(granularity="turn")  # type: ignore[arg-type]
