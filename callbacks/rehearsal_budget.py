@@ -37,7 +37,7 @@ class RehearsalBudgetAblation(L.Callback):
     """Real success against the private-rehearsal budget, in both modes.
 
     Args:
-        tasks: the held-out tasks (a task file or a ``builtin:`` split, as ``data.test_tasks``).
+        tasks: the held-out tasks (a task file, ``builtin:NAME`` or ``builtin:NAME:N``, as ``data.test_tasks``).
         limit: first tasks of the file (None: all).
         budgets: attempts per rehearsal to compare (0: plain acting).
         modes: ``parallel`` and/or ``sequential``.
@@ -113,9 +113,9 @@ class RehearsalBudgetAblation(L.Callback):
         """Run every (mode, budget); log the curves, write the files, return the record."""
         import torch
 
-        from envace.data.tasks import load_tasks, resolve_task_path
+        from envace.data.tasks import load_task_set
 
-        tasks = load_tasks(resolve_task_path(self.tasks_spec))[: self.limit]
+        tasks = load_task_set(self.tasks_spec)[: self.limit]
         pl_module._bind_worlds()
         rows: list[dict[str, Any]] = []
         with torch.no_grad():

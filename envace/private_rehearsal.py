@@ -171,6 +171,28 @@ class MajorityCommit:
         return next(a for a in attempts if a.first_key == key)
 
 
+class OutcomeMajorityCommit:
+    """Commit the first turn of an attempt that reached the most common rehearsed outcome (its final answer).
+
+    The world model decides: each attempt plays on to an answer against rehearsed responses; the answer most
+    attempts reach is the predicted outcome, and the first turn of the earliest attempt that reached it is committed
+    as it was generated. Without any answered attempt it falls back to ``MajorityCommit`` over first turns.
+    """
+
+    def select(self, attempts: list[Attempt]) -> Attempt | None:
+        """The earliest attempt with the majority answer, else the first-turn majority."""
+        answered = [a for a in attempts if a.answer is not None and a.answer.strip()]
+        if not answered:
+            return MajorityCommit(0.0).select(attempts)
+        counts = Counter(_normalise(a.answer or "") for a in answered)
+        best = max(counts.values())
+        return next(a for a in answered if counts[_normalise(a.answer or "")] == best)
+
+
+def _normalise(answer: str) -> str:
+    return " ".join(answer.lower().split())
+
+
 class JudgedCommit:
     """Commit the first turn of an attempt the policy itself judged successful (the majority among those).
 

@@ -20,6 +20,7 @@ from envace.private_rehearsal import (
     MEMORY_HEADER,
     JudgedCommit,
     MajorityCommit,
+    OutcomeMajorityCommit,
     PrivateRehearsal,
     memory_text,
 )
@@ -178,3 +179,28 @@ def test_bad_budgets_are_refused_by_field() -> None:
         PrivateRehearsal(rehearsals=-1)
     with pytest.raises(ValueError, match="granularity: 'turn'"):
         PrivateRehearsal(granularity="turn")
+
+
+def test_outcome_majority_commits_an_attempt_that_reached_the_majority_answer(tok):
+    budget = PrivateRehearsal(rehearsals=3, granularity="task", horizon=2)
+    act = [CALL_B2, CALL_A1, CALL_A1, "50", "120", "120",  # attempts 2 and 3 agree on the (rehearsed) answer 120
+           "120"]  # the committed episode's second turn; its first is attempt 2's
+    rehearse = [result_text({"balance": 50}), result_text({"balance": 120}), result_text({"balance": 120})]
+    (ep,), act_engine, _, _ = run(tok, budget, act, rehearse, selector=OutcomeMajorityCommit())
+    assert [len(call) for call in act_engine.calls] == [3, 3, 1] and ep.stats.private_commits == 1
+    assert ep.calls == [ToolCall("get_balance", {"account": "A1"})] and ep.final_answer == "120"
+
+
+def test_selectors_on_hand_built_attempts() -> None:
+    from envace.private_rehearsal import Attempt
+
+    def attempt(key: str, answer: str | None, verdict: bool | None = None) -> Attempt:
+        return Attempt([], answer, [1], key, verdict=verdict)
+
+    a, b, c = attempt("x", "5"), attempt("y", " 7 "), attempt("y", "7")
+    assert MajorityCommit().select([a, b, c]) is b  # first turn "y" twice
+    assert MajorityCommit(min_share=0.9).select([a, b, c]) is None
+    assert OutcomeMajorityCommit().select([a, b, c]) is b  # answer 7 twice (normalised)
+    assert OutcomeMajorityCommit().select([attempt("x", None), attempt("z", None), attempt("z", "")]).first_key == "z"
+    assert JudgedCommit().select([attempt("x", "5", True), b, attempt("y", "7", False)]).first_key == "x"
+    assert JudgedCommit().select([a, b]) is None
