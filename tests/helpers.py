@@ -8,7 +8,9 @@ role to script the two roles separately.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
@@ -137,3 +139,13 @@ class ListKeeper:
         """
         self.kept.append(item)
         return {"kept": len(self.kept)}
+
+
+def call_text(name: str, arguments: dict[str, Any]) -> str:
+    """A tool call block as the act role writes it."""
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+
+def result_text(value: Any) -> str:
+    """A rehearsed response as the rehearse role writes it."""
+    return f"<execution_result>\n{json.dumps(value)}\n</execution_result>"

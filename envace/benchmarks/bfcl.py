@@ -540,24 +540,10 @@ def export_training_tasks(categories: list[str], path: str | Path) -> dict[str, 
     Entries whose gold calls break their own tool schemas (a handful: BFCL never checks them), or call a function
     before the turn that brings it, cannot be envace training tasks and are skipped (counted).
     """
-    from envace.data.tasks import TaskFormatError, parse_task, task_to_record
+    from envace.data.tasks import write_tasks
 
-    counts = {"written": 0, "skipped_schema": 0}
-    lines = []
-    for category in categories:
-        train, _ = split_ids(category)
-        for entry in load_multi_turn(category, ids=train):
-            record = task_to_record(training_task(entry))
-            try:
-                parse_task(json.loads(json.dumps(record)))  # exactly what the loader will check
-            except TaskFormatError:
-                counts["skipped_schema"] += 1
-                continue
-            lines.append(json.dumps(record, ensure_ascii=False))
-            counts["written"] += 1
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return counts
+    entries = [e for category in categories for e in load_multi_turn(category, ids=split_ids(category)[0])]
+    return write_tasks((training_task(e) for e in entries), path)
 
 
 def main(argv: list[str] | None = None) -> None:

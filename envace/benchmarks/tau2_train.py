@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -141,27 +140,11 @@ def export_training_tasks(domains: list[str], path: str | Path, mode: str = "use
     Tasks whose gold actions break their own tool schemas, and tasks without a checklist (``training_task``), are
     skipped and counted.
     """
-    from envace.data.tasks import TaskFormatError, parse_task, task_to_record
+    from envace.data.tasks import write_tasks
 
-    counts = {"written": 0, "skipped_schema": 0, "skipped_no_checklist": 0}
-    lines = []
-    for domain in domains:
-        for task in load_tasks(domain, "train"):
-            converted = training_task(task, domain, mode)
-            if not converted.success.calls and converted.success.answer is None:
-                counts["skipped_no_checklist"] += 1
-                continue
-            record = task_to_record(converted)
-            try:
-                parse_task(json.loads(json.dumps(record)))  # exactly what the loader will check
-            except TaskFormatError:
-                counts["skipped_schema"] += 1
-                continue
-            lines.append(json.dumps(record, ensure_ascii=False))
-            counts["written"] += 1
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return counts
+    converted = [training_task(task, domain, mode) for domain in domains for task in load_tasks(domain, "train")]
+    checked = [t for t in converted if t.success.calls or t.success.answer is not None]
+    return {**write_tasks(checked, path), "skipped_no_checklist": len(converted) - len(checked)}
 
 
 def main(argv: list[str] | None = None) -> None:

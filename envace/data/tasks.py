@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+from collections.abc import Iterable
 from dataclasses import replace
 from importlib.resources import files
 from pathlib import Path
@@ -498,6 +499,28 @@ def task_to_record(task: Task) -> dict[str, Any]:
     if task.user is not None:
         record["user"] = task.user
     return record
+
+
+def write_tasks(tasks: Iterable[Task], path: str | Path) -> dict[str, int]:
+    """Write ``tasks`` as a task file (JSON Lines), each checked exactly as the loader will read it back.
+
+    A task the loader would refuse (a benchmark's gold call that breaks its own tool schema, say) is left out and
+    counted. Returns ``{"written": n, "skipped_schema": n}``.
+    """
+    counts = {"written": 0, "skipped_schema": 0}
+    lines = []
+    for task in tasks:
+        record = task_to_record(task)
+        try:
+            parse_task(json.loads(json.dumps(record)))
+        except TaskFormatError:
+            counts["skipped_schema"] += 1
+            continue
+        lines.append(json.dumps(record, ensure_ascii=False))
+        counts["written"] += 1
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return counts
 
 
 def reference_calls(task: Task) -> list[tuple[ToolCall, str]]:

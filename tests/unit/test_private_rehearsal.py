@@ -7,11 +7,10 @@ environment only ever sees committed calls, and that the act row holds only the 
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
-from helpers import ScriptedEngine
+from helpers import ScriptedEngine, call_text, result_text
 
 from envace.builtin.bank import Bank
 from envace.envs.real import tool_schemas_from_class
@@ -28,15 +27,6 @@ from envace.rollout.rehearsing import RehearsingRunner
 from envace.rollout.runner import EpisodeRunner, RolloutConfig
 from envace.types import EnvSpec, Episode, ExpectedCall, Role, SuccessSpec, Task, ToolCall
 from envace.worlds import RealWorld, RehearseWorld
-
-
-def call_text(name: str, arguments: dict[str, Any]) -> str:
-    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
-
-
-def result_text(value: Any) -> str:
-    return f"<execution_result>\n{json.dumps(value)}\n</execution_result>"
-
 
 CALL_A1 = call_text("get_balance", {"account": "A1"})
 CALL_B2 = call_text("get_balance", {"account": "B2"})

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import ScriptedEngine, ScriptEntry, entry_ids, truncated
+from helpers import ScriptedEngine, ScriptEntry, call_text, entry_ids, result_text, truncated
 
 from envace.builtin.bank import Bank
 from envace.data.tasks import load_tasks, resolve_task_path
@@ -41,14 +41,6 @@ BALANCES = {"A1": 120, "B2": 50}
 WORLD_CONTEXT = "Bank accounts and balances: A1: 120, B2: 50. Fee per withdrawal or transfer: 1."
 
 
-def call_text(name: str, arguments: dict[str, Any]) -> str:
-    """A tool call block as the act role writes it."""
-    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
-
-
-def result_text(value: Any) -> str:
-    """A rehearsed response as the rehearse role writes it."""
-    return f"<execution_result>\n{json.dumps(value)}\n</execution_result>"
 
 
 CALL_A1 = call_text("get_balance", {"account": "A1"})

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 import pytest
-from helpers import ScriptedEngine
+from helpers import ScriptedEngine, call_text
 
 from envace.builtin.bank import Bank
 from envace.chat_model import ChatModel
@@ -20,9 +20,6 @@ from envace.worlds import RealWorld
 BALANCES = {"A1": 120, "B2": 50}
 GREETING = {"role": "assistant", "content": "Hi! How can I help you today?"}
 
-
-def call_text(name: str, arguments: dict[str, Any]) -> str:
-    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
 
 CALL_A1 = call_text("get_balance", {"account": "A1"})

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import call_text
 
 from envace.benchmarks import vita
 from envace.benchmarks.vita import VitaFormatError, VitaToolbox, load_vita, to_task
@@ -499,10 +500,6 @@ def test_a_missing_vitabench_says_how_to_install_the_users_checkout(tmp_path, mo
 
 BOWLS = dict(NOODLES, products=[{"product_id": "P1", "quantity": 2}])
 ORDER = {"store_id": "S1", "product_id": "P1", "quantity": "2", "address": "Ward 3"}
-
-
-def call_text(name: str, arguments: dict[str, Any]) -> str:
-    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
 
 def small_rollout(**kwargs: Any) -> Any:
