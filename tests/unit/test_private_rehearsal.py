@@ -194,3 +194,29 @@ def test_selectors_on_hand_built_attempts() -> None:
     assert OutcomeMajorityCommit().select([attempt("x", None), attempt("z", None), attempt("z", "")]).first_key == "z"
     assert JudgedCommit().select([attempt("x", "5", True), b, attempt("y", "7", False)]).first_key == "x"
     assert JudgedCommit().select([a, b]) is None
+
+
+def test_the_committed_prompt_is_the_real_conversation_plus_the_memory_and_nothing_else(tok, monkeypatch):
+    from envace.envs.real import RealEnvironment
+
+    executed: list[str] = []
+    original = RealEnvironment.execute
+    monkeypatch.setattr(RealEnvironment, "execute",
+                        lambda self, call: executed.append(call.name) or original(self, call))
+    budget = PrivateRehearsal(rehearsals=2, mode="parallel", granularity="step", horizon=2)
+    act = [CALL_B2, CALL_A1, "50", "120",  # step 1: two attempts of two turns
+           CALL_A1,  # committed
+           "120", "121",  # step 2: two attempts answer at once
+           "120"]  # committed
+    rehearse = [result_text({"balance": 50}), result_text({"balance": 120})]
+    (ep,), act_engine, _, _ = run(tok, budget, act, rehearse)
+    assert executed == ["get_balance"]  # the committed call only: 4 imagined calls and answers reached no environment
+    real = '{"account": "A1", "balance": 120}'
+    transcript = [dict(m) for m in TASK.messages] + [{"role": "assistant", "content": CALL_A1},
+                                                     {"role": "tool", "content": real}]
+    commit = decode(tok, act_engine.calls[-1][0])
+    memory = commit[commit.index(MEMORY_HEADER): commit.rindex("<|im_end|>")]
+    assert memory.count("Attempt ") == 2 and "answer: 121" in memory
+    expected = render(tok, [*transcript, {"role": "system", "content": memory}], list(TASK.tools),
+                      add_generation_prompt=True)
+    assert commit == expected  # the real history (real responses only), the memory, the generation header
