@@ -116,7 +116,7 @@ class RehearsingRunner(EpisodeRunner):
 
     def _fork(self, s: _Live, earlier: list[Attempt]) -> _Live:
         """A copy of the episode's live state whose calls the rehearse role answers (with the earlier memory)."""
-        branch = _Live(copy.deepcopy(s.episode), copy.deepcopy(s.stream), copy.deepcopy(s.transcript),
+        branch = _Live(_fork_episode(s.episode), _fork_stream(s.stream), list(s.transcript),
                        self.prompter.open(s.episode.task), user_turn=s.user_turn, turn_steps=s.turn_steps,
                        unlocked=set(s.unlocked))
         if earlier:  # sequential: this attempt sees the memory of the earlier ones
@@ -194,6 +194,18 @@ class RehearsingRunner(EpisodeRunner):
                              s.stream.mask[: len(s.stream) - cut], closed)
         stream.extend(encode(self.tokenizer, full[len(closed):]), Role.SYSTEM, full[len(closed):])
         return stream
+
+
+def _fork_episode(episode: Episode) -> Episode:
+    """A copy the attempt can grow: its own lists and counters (messages are only ever appended, never edited)."""
+    return replace(episode, messages=list(episode.messages), act=copy.copy(episode.act),
+                   rehearsals=list(episode.rehearsals), calls=list(episode.calls),
+                   call_steps=list(episode.call_steps), stats=replace(episode.stats))
+
+
+def _fork_stream(stream: TokenStream | None) -> TokenStream:
+    assert stream is not None, "an episode waiting for its user's first message has nothing to rehearse from"
+    return TokenStream(list(stream.ids), list(stream.roles), list(stream.mask), stream.text)
 
 
 def _header_tokens(tokenizer: PreTrainedTokenizerBase, stream: TokenStream, closed: str) -> int | None:
