@@ -115,15 +115,26 @@ def chat_model(model: str | None, max_new_tokens: int) -> Any:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+def rehearsal_of(args: argparse.Namespace) -> tuple[Any, Any]:
+    """``(PrivateRehearsal, selector)`` from ``--rehearsals`` and friends; ``(None, None)`` without a budget."""
+    from envace import private_rehearsal
+
+    if not args.rehearsals:
+        return None, None
+    budget = private_rehearsal.PrivateRehearsal(args.rehearsals, args.rehearsal_mode, args.rehearsal_granularity,
+                                                args.rehearsal_horizon)
+    return budget, getattr(private_rehearsal, args.rehearsal_selector)()
+
+
 def run_multi_turn(category: str, engine: Any, tokenizer: Any, limit: int | None, rollout: RolloutConfig,
-                   split: str = "all") -> dict[str, Any]:
+                   split: str = "all", rehearsal: tuple[Any, Any] = (None, None)) -> dict[str, Any]:
     """One BFCL multi-turn category: accuracy and the verdict per entry (the gold policy: one entry at a time)."""
     entries = bfcl.load_split(category, split, limit=limit)
     if engine is None:
         valid = {e.id: bfcl.evaluate_multi_turn([e], bfcl.GoldPolicy(e, tokenizer), tokenizer, rollout)["valid"][e.id]
                  for e in entries}
     else:
-        valid = bfcl.evaluate_multi_turn(entries, engine, tokenizer, rollout)["valid"]
+        valid = bfcl.evaluate_multi_turn(entries, engine, tokenizer, rollout, *rehearsal)["valid"]
     return {"accuracy": sum(valid.values()) / len(valid), "valid": valid, "entries": len(valid)}
 
 
@@ -143,7 +154,8 @@ def run_bfcl(categories: list[str], engine: Any, tokenizer: Any, args: argparse.
     for category in categories:
         start = time.perf_counter()
         if category in bfcl.MULTI_TURN:
-            results[category] = run_multi_turn(category, engine, tokenizer, args.bfcl_limit, rollout, args.bfcl_split)
+            results[category] = run_multi_turn(category, engine, tokenizer, args.bfcl_limit, rollout, args.bfcl_split,
+                                               rehearsal_of(args))
         else:
             results[category] = run_single_turn(category, engine, tokenizer, args.bfcl_limit,
                                                 args.act_max_new_tokens or 1024)
@@ -169,8 +181,9 @@ def run_tau2(domain: str, engine: Any, tokenizer: Any, user: Any, args: argparse
     else:
         rollout = replace(TAU2_ROLLOUT, act_max_new_tokens=args.act_max_new_tokens or TAU2_ROLLOUT.act_max_new_tokens,
                           max_user_turns=args.max_user_turns)
+        budget, selector = rehearsal_of(args)
         result = tau2.evaluate(tasks, engine, tokenizer, domain, args.tau2_mode, user=user, rollout=rollout,
-                               trials=args.tau2_trials)
+                               trials=args.tau2_trials, rehearsal=budget, selector=selector)
     out = {k: result[k] for k in ("pass_hat", "floor", "rewards", "failed")}
     out["user_model"] = "none (solo)" if args.tau2_mode == "solo" else describe_model(user)
     return {**out, "tasks": len(tasks), "seconds": time.perf_counter() - start}
@@ -305,6 +318,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--bfcl-limit", type=int, default=None, help="first entries of each category (default: all)")
     parser.add_argument("--bfcl-split", default="all", choices=bfcl.SPLITS,
                         help="multi-turn entries: all 200, or the eval ids held out of training exports (or train)")
+    parser.add_argument("--rehearsals", type=int, default=0,
+                        help="private rehearsal: imagined attempts before each committed turn (BFCL multi-turn, tau^2)")
+    parser.add_argument("--rehearsal-mode", default="parallel", choices=("parallel", "sequential"))
+    parser.add_argument("--rehearsal-granularity", default="step", choices=("step", "task"))
+    parser.add_argument("--rehearsal-horizon", type=int, default=2, help="most act turns of one imagined attempt")
+    parser.add_argument("--rehearsal-selector", default="MemoryCommit",
+                        choices=("MemoryCommit", "MajorityCommit", "OutcomeMajorityCommit", "JudgedCommit"),
+                        help="what a rehearsal commits (envace.private_rehearsal)")
     parser.add_argument("--tau2-domains", nargs="*", default=["telecom"], choices=tau2.DOMAINS, metavar="DOMAIN",
                         help=f"tau^2 domains, of {', '.join(tau2.DOMAINS)} (default: telecom; none: no tau^2)")
     parser.add_argument("--tau2-mode", default="solo", choices=tau2.MODES, help="solo (telecom only) or user")
@@ -364,6 +385,10 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         parser.error("--finmcp-tools needs --finmcp")
     gold_missing = [f for f, on in (("--tau2-mode user", args.tau2_domains and args.tau2_mode == "user"),
                                     ("--finmcp", args.finmcp), ("--vita", args.vita)) if on]
+    if args.rehearsals < 0 or args.rehearsal_horizon < 0:
+        parser.error("--rehearsals and --rehearsal-horizon must be >= 0")
+    if args.rehearsals and args.model == "gold":
+        gold_missing.append("--rehearsals")
     if args.model == "gold" and gold_missing:
         parser.error(f"--model gold replays BFCL and tau^2 solo only; no gold policy for {', '.join(gold_missing)}")
 
@@ -372,6 +397,11 @@ def run_all(args: argparse.Namespace, engine: Any, tokenizer: Any) -> tuple[dict
     """Every benchmark asked for: the results (by benchmark) and the report's lines."""
     results: dict[str, Any] = {}
     lines: list[str] = []
+    if args.rehearsals:
+        lines += [f"Private rehearsal (BFCL multi-turn and tau^2): {args.rehearsals} {args.rehearsal_mode} attempts "
+                  f"of at most {args.rehearsal_horizon} act turns before each committed "
+                  f"{'turn' if args.rehearsal_granularity == 'step' else 'episode'}; {args.rehearsal_selector} "
+                  "commits; attempts never reach the environment.", ""]
     if args.bfcl_categories:
         results["bfcl"] = run_bfcl(args.bfcl_categories, engine, tokenizer, args)
         lines += bfcl_lines(results["bfcl"], args.model, args.bfcl_limit) + [""]

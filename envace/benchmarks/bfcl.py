@@ -393,15 +393,18 @@ def episode_calls(entry: BFCLEntry, episode: Any) -> list[list[list[PyCall]]]:
     return turns
 
 
-def evaluate_multi_turn(entries: list[BFCLEntry], engine: Any, tokenizer: Any, rollout: Any | None = None
-                        ) -> dict[str, Any]:
+def evaluate_multi_turn(entries: list[BFCLEntry], engine: Any, tokenizer: Any, rollout: Any | None = None,
+                        rehearsal: Any = None, selector: Any = None) -> dict[str, Any]:
     """Run a policy on ``entries`` and score each episode with BFCL's checker.
 
     Returns ``{"accuracy": f, "valid": {id: bool}, "episodes": [...]}``. ``engine`` generates the act role (greedy
     unless ``rollout`` says otherwise). BFCL's inference protocol applies: at most 20 act turns per user turn
     (``max_steps_per_user_turn``), and arguments are not checked against the schemas (the environment answers).
+    ``rehearsal`` (``envace.private_rehearsal.PrivateRehearsal``) makes the policy rehearse privately before its
+    committed turns, with ``selector`` choosing what it commits; the real environment sees committed calls only.
     """
-    from envace.rollout.runner import EpisodeRunner, RolloutConfig
+    from envace.rollout.rehearsing import make_runner
+    from envace.rollout.runner import RolloutConfig
     from envace.worlds import RealWorld
 
     config = rollout or RolloutConfig(act_temperature=0.0, max_turns=200, max_tool_calls=400,
@@ -410,7 +413,8 @@ def evaluate_multi_turn(entries: list[BFCLEntry], engine: Any, tokenizer: Any, r
     config = replace(config, max_steps_per_user_turn=config.max_steps_per_user_turn or 20, validate_calls=False)
     tasks = [to_task(e) for e in entries]
     world = RealWorld()  # each task's environment is its entry's BFCLToolbox
-    episodes = EpisodeRunner(tokenizer, config).run(tasks, list(range(len(tasks))), engine, world)
+    runner = make_runner(tokenizer, config, rehearsal, selector)
+    episodes = runner.run(tasks, list(range(len(tasks))), engine, world, world_engine=engine)
     valid = {e.id: bool(check_multi_turn(e, episode_calls(e, ep))["valid"]) for e, ep in zip(entries, episodes)}
     return {"accuracy": sum(valid.values()) / len(valid) if valid else 0.0, "valid": valid, "episodes": episodes}
 

@@ -286,7 +286,8 @@ def episode_trajectory(episode: Any, handle: dict[str, Any]) -> list[Any]:
 
 
 def evaluate(tasks: list[Any], engine: Any, tokenizer: Any, domain: str = "telecom", mode: str = "solo",
-             user: Any = None, rollout: Any | None = None, trials: int = 1) -> dict[str, Any]:
+             user: Any = None, rollout: Any | None = None, trials: int = 1, rehearsal: Any = None,
+             selector: Any = None) -> dict[str, Any]:
     """Run a policy on tau^2 tasks (``trials`` episodes each) and score them with tau^2's evaluators.
 
     Args:
@@ -299,6 +300,9 @@ def evaluate(tasks: list[Any], engine: Any, tokenizer: Any, domain: str = "telec
             tau^2's own guidelines are its instructions, and in telecom it operates the phone.
         rollout: budgets (default: greedy, 30 act turns, 64k context; user mode ends after 30 user turns).
         trials: episodes per task (pass^k for k up to ``trials``).
+        rehearsal: private rehearsal before committed turns (``envace.private_rehearsal.PrivateRehearsal``);
+            rehearsal never reaches the environment.
+        selector: what a rehearsal commits (default: the act role writes the turn with the memory).
 
     Returns:
         ``{"rewards": {task id: [reward per trial]}, "pass_hat": {k: pass^k}, "floor": do-nothing reward,
@@ -310,7 +314,8 @@ def evaluate(tasks: list[Any], engine: Any, tokenizer: Any, domain: str = "telec
     from dataclasses import replace
 
     from envace.benchmarks.passk import pass_hat_k
-    from envace.rollout.runner import EpisodeRunner, RolloutConfig
+    from envace.rollout.rehearsing import make_runner
+    from envace.rollout.runner import RolloutConfig
     from envace.users import ModelUser
 
     require_tau2()
@@ -325,7 +330,8 @@ def evaluate(tasks: list[Any], engine: Any, tokenizer: Any, domain: str = "telec
                                             tools=Tau2UserTools() if domain in SOLO_DOMAINS else None)
     world = Tau2World(tasks, domain, solo=solo)
     groups = [i // trials for i in range(len(converted))]
-    episodes = EpisodeRunner(tokenizer, config).run(converted, groups, engine, world, user=simulator)
+    runner = make_runner(tokenizer, config, rehearsal, selector)
+    episodes = runner.run(converted, groups, engine, world, world_engine=engine, user=simulator)
     by_id = {str(t.id): t for t in tasks}
     rewards: dict[str, list[float]] = {str(t.id): [] for t in tasks}
     failed: dict[str, int] = {}

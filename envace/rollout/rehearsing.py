@@ -196,6 +196,16 @@ class RehearsingRunner(EpisodeRunner):
         return stream
 
 
+def make_runner(tokenizer: PreTrainedTokenizerBase, config: RolloutConfig, rehearsal: PrivateRehearsal | None = None,
+                selector: Selector | None = None) -> EpisodeRunner:
+    """A plain runner, or with a rehearsal budget a rehearsing one whose attempts use the packaged rehearse prompt."""
+    if rehearsal is None or rehearsal.rehearsals == 0:
+        return EpisodeRunner(tokenizer, config)
+    prompter = RehearseWorld()
+    prompter.bind(tokenizer, model=None)
+    return RehearsingRunner(tokenizer, config, rehearsal, prompter, selector)
+
+
 def _fork_episode(episode: Episode) -> Episode:
     """A copy the attempt can grow: its own lists and counters (messages are only ever appended, never edited)."""
     return replace(episode, messages=list(episode.messages), act=copy.copy(episode.act),

@@ -82,11 +82,25 @@ def test_evaluate_policy_flags_parse_and_are_checked(tmp_path: Path, capsys) -> 
         (["--finmcp", finmcp], "--model gold replays BFCL and tau.2 solo only; no gold policy for --finmcp"),
         (["--user-model", str(tmp_path)], "--user-model .*: no config.json there"),
         (["--bfcl-limit", "0"], "--bfcl-limit must be at least 1"),
+        (["--rehearsals", "2"], "no gold policy for --rehearsals"),
+        (["--rehearsals", "-1"], "--rehearsals and --rehearsal-horizon must be >= 0"),
     ]
     for extra, message in refused:
         with pytest.raises(SystemExit):
             module.main(["--model", "gold", *extra])
         assert re.search(message, capsys.readouterr().err), extra
+
+
+def test_a_tiny_policy_rehearses_privately_on_bfcl_and_tau2(tmp_path: Path, capsys) -> None:
+    _script("evaluate_policy").main([
+        "--model", "tiny", "--bfcl-categories", "multi_turn_base", "--bfcl-limit", "1", "--tau2-limit", "1",
+        "--rehearsals", "2", "--rehearsal-granularity", "task", "--rehearsal-horizon", "1",
+        "--rehearsal-selector", "MajorityCommit", "--act-max-new-tokens", "4", "--out", str(tmp_path / "r.json")])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("Private rehearsal (BFCL multi-turn and tau^2): 2 parallel attempts of at most 1")
+    summary = dict(pair.split("=") for pair in lines[-1].removeprefix("SUMMARY ").split())
+    assert set(summary) == {"bfcl_multi_turn_base", "tau2_telecom_solo", "tau2_telecom_solo_floor"}
+    assert all(0.0 <= float(v) <= 1.0 for v in summary.values())
 
 
 def test_a_tiny_policy_runs_finmcp_and_tau2_with_a_tiny_user(tmp_path: Path, capsys) -> None:

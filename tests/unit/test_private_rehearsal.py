@@ -220,3 +220,23 @@ def test_the_committed_prompt_is_the_real_conversation_plus_the_memory_and_nothi
     expected = render(tok, [*transcript, {"role": "system", "content": memory}], list(TASK.tools),
                       add_generation_prompt=True)
     assert commit == expected  # the real history (real responses only), the memory, the generation header
+
+
+def test_a_benchmark_harness_rehearses_privately_and_only_committed_calls_reach_it(tok):
+    pytest.importorskip("tau2")
+    from envace.benchmarks.tau2 import evaluate, load_tasks
+
+    task = load_tasks("telecom", "test")[0]  # gold: toggle_data_saver_mode, then toggle_roaming (phone tools, solo)
+    saver, roaming = call_text("toggle_data_saver_mode", {}), call_text("toggle_roaming", {})
+    engine = ScriptedEngine(tok, [
+        roaming, saver,  # two imagined first turns (the same engine plays both roles)...
+        result_text({"roaming": True}), result_text({"data_saver": False}),  # ...answered by the rehearse role
+        saver,  # the committed first turn (the memory in its prompt)
+        roaming, "Both are fixed now.",  # granularity task: no more rehearsal
+    ])
+    budget = PrivateRehearsal(rehearsals=2, granularity="task", horizon=1)
+    result = evaluate([task], engine, tok, "telecom", "solo", rehearsal=budget)
+    (episode,) = result["episodes"]
+    assert engine.remaining == 0 and result["rewards"] == {task.id: [1.0]}
+    assert episode.stats.private_rehearsals == 2 and episode.stats.real_calls == 2  # the committed calls only
+    assert [c.name for c in episode.calls] == ["toggle_data_saver_mode", "toggle_roaming"]
