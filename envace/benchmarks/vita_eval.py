@@ -47,6 +47,7 @@ class VitaWorld(RealWorld):
     """A ``RealWorld`` that keeps each episode's environment, in start order, to read its orders after the episode."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.opened: list[RealEnvironment] = []
 
     def open(self, task: Task) -> RealEnvironment:
