@@ -149,3 +149,19 @@ def call_text(name: str, arguments: dict[str, Any]) -> str:
 def result_text(value: Any) -> str:
     """A rehearsed response as the rehearse role writes it."""
     return f"<execution_result>\n{json.dumps(value)}\n</execution_result>"
+
+
+def act_texts(tokenizer: PreTrainedTokenizerBase, episode: Any) -> list[str]:
+    """The decoded runs of an episode's act-role tokens (the policy's own turns), special tokens dropped."""
+    from envace.types import Role
+
+    runs: list[list[int]] = []
+    current: list[int] = []
+    for token, role in zip(episode.act.token_ids, episode.act.role_ids):
+        if role == Role.ACT:
+            current.append(token)
+        elif current:
+            runs.append(current)
+            current = []
+    runs += [current] if current else []
+    return [tokenizer.decode(r, skip_special_tokens=True) for r in runs]

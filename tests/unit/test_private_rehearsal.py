@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from helpers import ScriptedEngine, call_text, result_text
+from helpers import ScriptedEngine, act_texts, call_text, result_text
 
 from envace.builtin.bank import Bank
 from envace.envs.real import tool_schemas_from_class
@@ -25,7 +25,7 @@ from envace.private_rehearsal import (
 )
 from envace.rollout.rehearsing import RehearsingRunner
 from envace.rollout.runner import EpisodeRunner, RolloutConfig
-from envace.types import EnvSpec, Episode, ExpectedCall, Role, SuccessSpec, Task, ToolCall
+from envace.types import EnvSpec, Episode, ExpectedCall, SuccessSpec, Task, ToolCall
 from envace.worlds import RealWorld, RehearseWorld
 
 CALL_A1 = call_text("get_balance", {"account": "A1"})
@@ -60,18 +60,6 @@ def run(tok, budget: PrivateRehearsal, act: list[str], rehearse: list[str], sele
     return episodes, act_engine, rehearse_engine, runner
 
 
-def act_runs(tok, ep: Episode) -> list[str]:
-    """The decoded act-role runs of the episode's row (its committed turns), stop tokens dropped."""
-    runs, current = [], []
-    for token, role in zip(ep.act.token_ids, ep.act.role_ids):
-        if role == Role.ACT:
-            current.append(token)
-        elif current:
-            runs.append(current)
-            current = []
-    runs += [current] if current else []
-    return [tok.decode(r, skip_special_tokens=True) for r in runs]
-
 
 def test_parallel_rehearsal_before_each_step_spends_the_budget_exactly(tok):
     budget = PrivateRehearsal(rehearsals=2, mode="parallel", granularity="step", horizon=1)
@@ -85,7 +73,7 @@ def test_parallel_rehearsal_before_each_step_spends_the_budget_exactly(tok):
     assert ep.stats.private_rehearsals == 4 and ep.stats.private_real_calls == 0 and ep.stats.private_commits == 0
     assert ep.calls == [ToolCall("get_balance", {"account": "A1"})] and ep.stats.real_calls == 1  # committed only
     assert [m["content"] for m in ep.messages if m["role"] == "tool"] == ['{"account": "A1", "balance": 120}']
-    assert act_runs(tok, ep) == [CALL_A1, "120"] and MEMORY_HEADER not in decode(tok, ep.act.token_ids)
+    assert act_texts(tok, ep) == [CALL_A1, "120"] and MEMORY_HEADER not in decode(tok, ep.act.token_ids)
     # the attempts start from the real prompt; the committed turn's prompt is it plus the memory, ids kept
     real_prompt = act_engine.calls[0][0]
     assert act_engine.calls[0] == [real_prompt, real_prompt]
@@ -129,7 +117,7 @@ def test_majority_commit_takes_the_attempts_own_tokens(tok):
     rehearse = [result_text({"balance": 50}), result_text({"balance": 120}), result_text({"balance": 120})]
     (ep,), act_engine, _, _ = run(tok, budget, act, rehearse, selector=MajorityCommit())
     assert [len(call) for call in act_engine.calls] == [3, 1] and ep.stats.private_commits == 1
-    assert ep.calls == [ToolCall("get_balance", {"account": "A1"})] and act_runs(tok, ep) == [CALL_A1, "120"]
+    assert ep.calls == [ToolCall("get_balance", {"account": "A1"})] and act_texts(tok, ep) == [CALL_A1, "120"]
 
 
 def test_judged_commit_picks_an_attempt_the_policy_judged_done(tok):

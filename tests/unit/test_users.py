@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 import pytest
-from helpers import ScriptedEngine, call_text
+from helpers import ScriptedEngine, act_texts, call_text
 
 from envace.builtin.bank import Bank
 from envace.chat_model import ChatModel
@@ -53,18 +53,6 @@ def run(tok, act: list[str], tasks: list[Task], user: Any, **config: Any) -> lis
     assert engine.remaining == 0, "act script not fully consumed"
     return episodes
 
-
-def act_texts(tok, ep: Episode) -> list[str]:
-    """The decoded runs of act-role tokens (the policy's own generations, eos included)."""
-    runs, current = [], []
-    for token, role in zip(ep.act.token_ids, ep.act.role_ids):
-        if role == Role.ACT:
-            current.append(token)
-        elif current:
-            runs.append(current)
-            current = []
-    runs += [current] if current else []
-    return [tok.decode(r, skip_special_tokens=True) for r in runs]
 
 
 def test_the_simulated_user_takes_over_after_the_scripted_turns(tok):
