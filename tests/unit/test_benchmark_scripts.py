@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _script(name: str):
     spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses resolve their module's annotations through sys.modules
     spec.loader.exec_module(module)
     return module
 
@@ -140,3 +142,15 @@ def test_harness_check_lists_a_gold_miss_with_bfcls_error() -> None:
     entry = module.bfcl_ast.load_single_turn("live_simple", ids=["live_simple_106-63-0"])[0]
     error = module._error_type(entry, module.bfcl_ast.gold_output(entry))
     assert error.startswith("simple_function_checker:missing_required: Missing required parameter")
+
+
+def test_rollout_efficiency_compares_the_rollout_with_plain_generate(capsys) -> None:
+    _script("rollout_efficiency").main(["--tasks", "builtin:bank-test:2", "--group-size", "2", "--repeats", "1",
+                                        "--act-max-new-tokens", "8", "--rehearse-max-new-tokens", "8"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    rollout, plain = (dict(zip(("run", "sequences", "calls", "tokens"), row.strip("| ").split(" | ")[:4]))
+                      for row in lines[2:4])
+    assert rollout["run"] == "envace rollout" and plain["run"] == "plain generate"
+    assert rollout["sequences"] == plain["sequences"] == "4" and plain["calls"] == "1"
+    assert abs(int(rollout["tokens"]) - int(plain["tokens"])) < 4  # the same work, rounded per sequence
+    assert float(lines[-1].removeprefix("SUMMARY efficiency=")) > 0
