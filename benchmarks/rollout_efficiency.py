@@ -71,9 +71,8 @@ def rollout(model: Any, tokenizer: Any, tasks: list[Any], args: argparse.Namespa
     from envace.rollout.runner import EpisodeRunner, RolloutConfig
     from envace.worlds import RealWorld, RehearseWorld
 
-    stop = [tokenizer.eos_token_id] + ([tokenizer.pad_token_id] if tokenizer.pad_token_id is not None else [])
-    engine = CountingEngine(HFEngine(model, pad_id=tokenizer.pad_token_id, stop_ids=stop,
-                                     max_batch_size=args.batch_limit))
+    engine = CountingEngine(HFEngine(model, pad_id=tokenizer.pad_token_id, stop_ids=[tokenizer.eos_token_id],
+                                     max_batch_size=args.batch_limit))  # as training's engine (the turn's end)
     world = RehearseWorld() if args.world == "rehearse" else RealWorld()
     world.bind(tokenizer, model)
     config = RolloutConfig(max_turns=args.max_turns, act_max_new_tokens=args.act_max_new_tokens,
