@@ -48,7 +48,15 @@ class ConfigCheckCLI(EnvaceCLI):
 
 
 def main(args: ArgsType = None) -> None:
-    """Entry point of the ``envace`` console script."""
+    """Entry point of the ``envace`` console script (``envace export ...``: ``envace.export``)."""
+    import sys
+
+    argv = sys.argv[1:] if args is None else list(args) if isinstance(args, list | tuple) else []
+    if argv and argv[0] == "export":
+        from envace.export import main as export
+
+        export([str(a) for a in argv[1:]])
+        return
     cli_main(args)
 
 

@@ -1,0 +1,92 @@
+"""``envace export``: a trained policy out of a Lightning checkpoint, in Hugging Face format.
+
+::
+
+    envace export --config lit_configs/qwen7b.yaml --ckpt_path runs/qwen7b/.../last.ckpt --out exports/qwen7b
+
+The config (and any ``--key=value`` overrides after it, as for ``envace fit``) rebuilds the policy exactly as it was
+trained; the checkpoint's weights are loaded into it (``torch.load(weights_only=True)``), and written as
+
+- ``<out>/merged``: the full model with any LoRA adapters merged in, and the tokenizer. ``transformers``'
+  ``AutoModelForCausalLM.from_pretrained`` loads it with nothing of envace installed;
+- ``<out>/adapter``: for a LoRA or QLoRA policy, the adapter(s) alone (``peft``'s format) and the tokenizer, to load
+  on top of the base model with ``PeftModel.from_pretrained``. The base of a QLoRA policy stays 4-bit there; the
+  merged model is written in the policy's compute dtype.
+
+A checkpoint written by ``ModelParallelStrategy`` (FSDP2) holds sharded weights in a folder: consolidate it with
+Lightning first; ``envace export`` reads one file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from peft import PeftModel
+
+
+def load_policy(config: str, ckpt_path: str, overrides: list[str] | None = None) -> tuple[Any, Any]:
+    """``(model, tokenizer)``: the config's policy, built, with the checkpoint's policy weights loaded.
+
+    Raises:
+        FileNotFoundError: no checkpoint file at ``ckpt_path``.
+        ValueError: the checkpoint holds no policy weights, or they do not fit the config's policy (the keys are
+            named).
+    """
+    from envace.cli import ConfigCheckCLI, cli_main
+
+    path = Path(ckpt_path)
+    if not path.is_file():
+        raise FileNotFoundError(f"--ckpt_path {ckpt_path}: no checkpoint file there")
+    module = cli_main(["--config", config, *(overrides or [])], run=False, cli_class=ConfigCheckCLI).model
+    module.configure_model()
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    weights = {k.removeprefix("model."): v for k, v in checkpoint.get("state_dict", {}).items()
+               if k.startswith("model.")}
+    if not weights:
+        raise ValueError(f"{ckpt_path}: no policy weights ('model.*' keys in its state_dict)")
+    missing, unexpected = module.model.load_state_dict(weights, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"{ckpt_path} does not fit the policy of {config}: missing {sorted(missing)[:5]}, "
+                         f"unexpected {sorted(unexpected)[:5]} (was it trained with another policy or LoRA setting?)")
+    return module.model.eval(), module.tokenizer
+
+
+def export(model: Any, tokenizer: Any, out: str | Path, merged: bool = True) -> dict[str, str]:
+    """Write ``<out>/adapter`` (LoRA policies) and ``<out>/merged``; returns what was written where."""
+    out = Path(out)
+    written = {}
+    if isinstance(model, PeftModel):
+        model.save_pretrained(out / "adapter")
+        tokenizer.save_pretrained(out / "adapter")
+        written["adapter"] = str(out / "adapter")
+    if merged:
+        full = copy.deepcopy(model).merge_and_unload() if isinstance(model, PeftModel) else model
+        full.save_pretrained(out / "merged")
+        tokenizer.save_pretrained(out / "merged")
+        written["merged"] = str(out / "merged")
+    return written
+
+
+def main(argv: list[str]) -> dict[str, str]:
+    """``envace export --config C --ckpt_path P --out DIR [--no-merged] [--key=value ...]``."""
+    parser = argparse.ArgumentParser(prog="envace export", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True, help="the config the policy was trained with")
+    parser.add_argument("--ckpt_path", required=True, help="a Lightning checkpoint file (e.g. last.ckpt)")
+    parser.add_argument("--out", required=True, help="output folder: <out>/merged and, with LoRA, <out>/adapter")
+    parser.add_argument("--no-merged", action="store_true", help="write only the adapter of a LoRA policy")
+    args, overrides = parser.parse_known_args(argv)
+    bad = [o for o in overrides if not o.startswith("--")]
+    if bad:
+        parser.error(f"unrecognised arguments: {' '.join(bad)} (overrides are --key=value, as for envace fit)")
+    model, tokenizer = load_policy(args.config, args.ckpt_path, overrides)
+    if args.no_merged and not isinstance(model, PeftModel):
+        parser.error("--no-merged: the policy has no LoRA adapter, so the merged model is all there is to export")
+    written = export(model, tokenizer, args.out, merged=not args.no_merged)
+    for kind, where in written.items():
+        rank_zero_info(f"exported the {kind} policy to {where}")
+    return written

@@ -1,0 +1,78 @@
+"""``envace export``: a LoRA policy's adapter and merged model, and a fully trained policy, round-trip from a
+Lightning checkpoint to Hugging Face folders that ``transformers`` and ``peft`` load to the same logits."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import torch
+
+from envace.cli import cli_main, main
+
+TINY = str(Path(__file__).parents[2] / "lit_configs" / "tiny.yaml")
+LORA = '--model.policy.init_args.lora={"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}'
+
+
+def _fit(tmp_path: Path, *extra: str) -> Path:
+    """One training step of the tiny config; its last checkpoint."""
+    args = ["fit", "--config", TINY, f"--trainer.default_root_dir={tmp_path}",
+            f"--trainer.logger.init_args.save_dir={tmp_path}", "--trainer.max_steps=1",
+            "--trainer.limit_val_batches=0", "--model.rollout.act_max_new_tokens=8",
+            "--model.rollout.rehearse_max_new_tokens=8", *extra]
+    with mock.patch.object(sys, "argv", ["envace"]):
+        cli_main(args)
+    (checkpoint,) = tmp_path.rglob("last.ckpt")
+    return checkpoint
+
+
+def _logits(model: torch.nn.Module) -> torch.Tensor:
+    ids = torch.arange(5, 45).unsqueeze(0)  # [1, 40]
+    with torch.no_grad():
+        return model.eval()(input_ids=ids).logits
+
+
+@pytest.mark.slow
+def test_a_lora_policy_exports_its_adapter_and_a_merged_model(tmp_path: Path) -> None:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from envace.export import load_policy
+    from envace.policy import TinyPolicy
+
+    checkpoint = _fit(tmp_path / "run", LORA)
+    out = tmp_path / "export"
+    with mock.patch.object(sys, "argv", ["envace"]):
+        main(["export", "--config", TINY, "--ckpt_path", str(checkpoint), "--out", str(out), LORA])
+    trained, _ = load_policy(TINY, str(checkpoint), [LORA])
+    expected = _logits(trained)
+    base, _ = TinyPolicy().build()  # the adapter-free base the LoRA policy was built on
+    assert not torch.allclose(_logits(base), expected)  # the step trained the adapter
+    merged = AutoModelForCausalLM.from_pretrained(out / "merged")
+    assert torch.allclose(_logits(merged), expected, atol=1e-5)
+    adapted = PeftModel.from_pretrained(base, out / "adapter")
+    assert torch.allclose(_logits(adapted), expected, atol=1e-5)
+    assert AutoTokenizer.from_pretrained(out / "merged").chat_template  # the template travels with the model
+
+
+@pytest.mark.slow
+def test_a_fully_trained_policy_exports_a_merged_model_and_bad_exports_are_refused(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from envace.export import load_policy
+
+    checkpoint = _fit(tmp_path / "run")
+    out = tmp_path / "export"
+    with mock.patch.object(sys, "argv", ["envace"]):
+        written = main(["export", "--config", TINY, "--ckpt_path", str(checkpoint), "--out", str(out)])
+    assert written is None and sorted(p.name for p in out.iterdir()) == ["merged"]
+    trained, _ = load_policy(TINY, str(checkpoint))
+    assert torch.allclose(_logits(AutoModelForCausalLM.from_pretrained(out / "merged")), _logits(trained))
+    with pytest.raises(ValueError, match=r"does not fit the policy of .*missing \[.base_model\.model"):
+        load_policy(TINY, str(checkpoint), [LORA])
+    with pytest.raises(FileNotFoundError, match="--ckpt_path .*nope.ckpt: no checkpoint file"):
+        load_policy(TINY, str(tmp_path / "nope.ckpt"))
+    with pytest.raises(SystemExit):
+        main(["export", "--config", TINY, "--ckpt_path", str(checkpoint), "--out", str(out), "--no-merged"])
