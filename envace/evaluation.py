@@ -164,4 +164,7 @@ class PolicyEvaluator(nn.Module):
         values = self.fidelity[prefix].compute()  # summed over ranks
         self.fidelity[prefix].reset()
         if values["probes"] > 0:
-            module.log_dict({f"{prefix}/fidelity_{k}": v.float() for k, v in values.items() if k != "probes"})
+            # already summed over ranks by the metric: the reduction of equal values is a no-op that keeps
+            # Lightning from warning about unsynced epoch-level logs
+            module.log_dict({f"{prefix}/fidelity_{k}": v.float() for k, v in values.items() if k != "probes"},
+                            sync_dist=True)

@@ -37,3 +37,24 @@ def test_fsdp2_two_processes_on_cpu(tmp_path: Path) -> None:
     accumulator = EventAccumulator(str(events))
     accumulator.Reload()
     assert {"val/success_act", "train/loss_align"} <= set(accumulator.Tags()["scalars"])
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_on_cpu(tmp_path: Path) -> None:
+    envace = Path(sys.executable).parent / "envace"
+    cmd = [
+        str(envace), "fit", "--config", str(ROOT / "lit_configs" / "tiny.yaml"),
+        "--trainer.devices=2", "--trainer.accelerator=cpu", "--trainer.strategy=ddp",
+        "--trainer.max_steps=4", "--trainer.val_check_interval=2", "--trainer.limit_val_batches=1",
+        "--model.rollout.generate_batch_size=3", "--model.grpo.micro_batch_size=3",
+        f"--trainer.default_root_dir={tmp_path}", f"--trainer.logger.init_args.save_dir={tmp_path}",
+    ]
+    env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", HF_HUB_OFFLINE="1")
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "`Trainer.fit` stopped: `max_steps=4` reached." in done.stdout + done.stderr
+    assert "sync_dist=True" not in done.stderr  # every epoch-level value is reduced across the ranks
+    (events,) = (tmp_path / "envace").rglob("events.out.tfevents.*")
+    accumulator = EventAccumulator(str(events))
+    accumulator.Reload()
+    assert {"val/success_act", "val/fidelity_exact_match", "train/loss_act"} <= set(accumulator.Tags()["scalars"])
