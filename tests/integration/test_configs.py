@@ -68,3 +68,12 @@ def test_loss_aggregation_is_chosen_by_class_path(choice: str) -> None:
         cli = main(["--config", str(CONFIGS[0].parent / "tiny.yaml"), f"--model.aggregation={choice}"],
                    run=False, cli_class=ConfigCheckCLI)
     assert type(cli.model.aggregation).__name__ in choice
+
+
+def test_the_single_gpu_config_is_qlora_on_one_device() -> None:
+    with mock.patch.object(sys, "argv", ["envace"]):
+        cli = main(["--config", str(CONFIGS[0].parent / "qwen7b_qlora.yaml")], run=False, cli_class=ConfigCheckCLI)
+    trainer = cli.config_init["trainer"]
+    assert trainer["devices"] == 1 and trainer["precision"] == "bf16-mixed"
+    policy = cli.model.policy
+    assert policy.load_in_4bit and policy.lora is not None and policy.name_or_path.startswith("Qwen/")
