@@ -290,5 +290,9 @@ class Episode:
     call_steps: list[tuple[int, list[ToolCall]]] = field(default_factory=list)
 
     def samples(self) -> list[Sample]:
-        """All training rows of this episode: the act row, then the trained rehearse rows."""
-        return [self.act] + [r.sample for r in self.rehearsals if r.sample is not None]
+        """All training rows of this episode: the act row, then the trained rehearse rows.
+
+        An episode whose act role never spoke (its simulated user failed to open) has no act row.
+        """
+        act = [self.act] if self.act.token_ids else []
+        return act + [r.sample for r in self.rehearsals if r.sample is not None]

@@ -179,3 +179,13 @@ def test_the_user_must_write_after_max_tool_steps(tok):
     (ep,) = run(tok, ["x", "y"], [user_task()], user, max_user_turns=2)
     assert engine.call_count == 2  # one tool round; the second reply's calls are dropped and its text is sent
     assert ep.messages[-2] == {"role": "user", "content": "On it."} and ep.stats.user_turn_limit
+
+
+def test_a_user_who_fails_to_open_leaves_no_empty_training_row(tok):
+    class Failing:
+        def respond(self, requests: list[UserRequest]) -> list[UserReply]:
+            return [UserReply("", failed=True, reason="down") for _ in requests]
+
+    (ep,) = run(tok, [], [user_task(opens=True)], Failing())
+    assert ep.stats.user_failures == 1 and ep.stats.user_turns == 0 and ep.act.token_ids == []
+    assert ep.samples() == []  # an all-padding row would make the update's attention NaN
