@@ -76,3 +76,25 @@ def test_a_fully_trained_policy_exports_a_merged_model_and_bad_exports_are_refus
         load_policy(TINY, str(tmp_path / "nope.ckpt"))
     with pytest.raises(SystemExit):
         main(["export", "--config", TINY, "--ckpt_path", str(checkpoint), "--out", str(out), "--no-merged"])
+
+
+@pytest.mark.slow
+def test_a_qlora_policy_exports_an_exact_adapter_and_a_requantised_merged_model(tmp_path: Path, tiny_dir: str) -> None:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    from envace.export import load_policy
+
+    qlora = ["--model.policy=envace.policy.HFPolicy", f"--model.policy.init_args.name_or_path={tiny_dir}",
+             "--model.policy.init_args.load_in_4bit=true", LORA]
+    checkpoint = _fit(tmp_path / "run", *qlora)
+    out = tmp_path / "export"
+    with mock.patch.object(sys, "argv", ["envace"]):
+        main(["export", "--config", TINY, "--ckpt_path", str(checkpoint), "--out", str(out), *qlora])
+    trained, _ = load_policy(TINY, str(checkpoint), qlora)
+    expected = _logits(trained)
+    nf4 = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32)
+    base = AutoModelForCausalLM.from_pretrained(tiny_dir, quantization_config=nf4, device_map="cpu")
+    assert torch.equal(_logits(PeftModel.from_pretrained(base, out / "adapter")), expected)
+    merged = AutoModelForCausalLM.from_pretrained(out / "merged", device_map="cpu")
+    assert (_logits(merged) - expected).abs().max() < 0.05  # merged into the base, then quantised back to 4-bit
