@@ -1,15 +1,21 @@
 """Rollout efficiency: generated tokens/s of envace's multi-turn rollout against one plain ``generate`` call.
 
-envace's rollout (``EpisodeRunner``: act turns and rehearsed tool responses, batched across episodes, finished
-episodes leaving the batch) runs a batch of built-in tasks, ``--group-size`` episodes each, in the rehearsed world
-(``--world rehearse``, EnvACE's training setting) or the real one. The backend's limit is one plain ``generate`` call
-on the same number of sequences, from the same first prompts, producing the same number of new tokens per sequence
-as the rollout produced per episode (no stop token, so every row runs to the end). Efficiency = rollout tokens/s
-over plain tokens/s. The rollout pays for what a single call does not: several calls per episode (one per act turn
-and one per batch of tool responses), each re-reading its growing prompt.
+envace's rollout (``EpisodeRunner``: act turns and rehearsed tool responses, batched across episodes) runs a batch of
+built-in tasks, ``--group-size`` episodes each, in the rehearsed world (``--world rehearse``, EnvACE's training
+setting) or the real one, with ``CachedEngine`` (prefix reuse across turns, finished rows leaving the batch; the
+training default) or ``HFEngine`` (``--engine hf``: one ``generate`` per call). The backend's limit is one plain
+``generate`` call on the same batch and lengths: one row per episode whose prompt is every token of the episode the
+policy did not generate (the first prompt and each tool response, template included), producing the episode's mean
+number of generated tokens (no stop token, so every row runs to the end). That call does the rollout's work minus
+what makes it multi-turn: one prefill instead of one per turn, one call instead of several.
+Efficiency = rollout tokens/s over plain tokens/s.
+
+A second baseline, the first prompts alone with the same number of new tokens, is printed too: it never reads the
+tool responses, so it does less work than the rollout (its ratio is the lower ``efficiency_first_prompt``).
 
 Run from the repository root: ``.venv/bin/python benchmarks/rollout_efficiency.py [--tasks N] [--group-size G]``.
-It prints a table and, last, ``SUMMARY efficiency=<rollout tokens/s over plain generate tokens/s>``.
+It prints a table and, last, ``SUMMARY efficiency=<rollout tokens/s over length-matched plain generate tokens/s>
+efficiency_first_prompt=<...>``.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from typing import Any  # noqa: E402
 import torch  # noqa: E402
 
 from envace.rollout.engine import HFEngine, SamplingParams  # noqa: E402
+from envace.rollout.kv_engine import CachedEngine  # noqa: E402
 
 
 @dataclass
@@ -51,6 +58,12 @@ class CountingEngine:
     def __init__(self, engine: HFEngine) -> None:
         self.engine, self.calls = engine, 0
 
+    def session(self) -> Any:
+        """The wrapped engine's rollout session (a no-op context for an engine without one)."""
+        from contextlib import nullcontext
+
+        return getattr(self.engine, "session", nullcontext)()
+
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Any:
         """Generate and count."""
         self.calls += 1
@@ -66,13 +79,18 @@ def build(model: str) -> tuple[Any, Any]:
     return network.to(device).eval(), tokenizer
 
 
-def rollout(model: Any, tokenizer: Any, tasks: list[Any], args: argparse.Namespace) -> tuple[Measure, list[int]]:
-    """One rollout of ``tasks`` x group size; the measure and the first act prompt of each episode."""
+def rollout(model: Any, tokenizer: Any, tasks: list[Any],
+            args: argparse.Namespace) -> tuple[Measure, list[list[int]], list[list[int]]]:
+    """One rollout of ``tasks`` x group size; the measure, each episode's first act prompt, and its context.
+
+    The context is every token of the act stream the act role did not generate (first prompt, tool responses).
+    """
     from envace.rollout.runner import EpisodeRunner, RolloutConfig
     from envace.worlds import RealWorld, RehearseWorld
 
-    engine = CountingEngine(HFEngine(model, pad_id=tokenizer.pad_token_id, stop_ids=[tokenizer.eos_token_id],
-                                     max_batch_size=args.batch_limit))  # as training's engine (the turn's end)
+    kind = CachedEngine if args.engine == "cached" else HFEngine
+    engine = CountingEngine(kind(model, pad_id=tokenizer.pad_token_id, stop_ids=[tokenizer.eos_token_id],
+                                 max_batch_size=args.batch_limit))  # as training's engine (the turn's end)
     world = RehearseWorld() if args.world == "rehearse" else RealWorld()
     world.bind(tokenizer, model)
     config = RolloutConfig(max_turns=args.max_turns, act_max_new_tokens=args.act_max_new_tokens,
@@ -85,7 +103,8 @@ def rollout(model: Any, tokenizer: Any, tasks: list[Any], args: argparse.Namespa
     episodes = EpisodeRunner(tokenizer, config).run(episodes_tasks, groups, engine, world)
     seconds = time.perf_counter() - start
     prompts = [_first_prompt(e) for e in episodes]
-    return Measure(seconds, engine.engine.generated_tokens, engine.calls), prompts
+    contexts = [_context(e) for e in episodes]
+    return Measure(seconds, engine.engine.generated_tokens, engine.calls), prompts, contexts
 
 
 def _first_prompt(episode: Any) -> list[int]:
@@ -95,6 +114,13 @@ def _first_prompt(episode: Any) -> list[int]:
     roles = episode.act.role_ids
     first = roles.index(int(Role.ACT)) if int(Role.ACT) in roles else len(roles)
     return episode.act.token_ids[:first]
+
+
+def _context(episode: Any) -> list[int]:
+    """The act row's ids the act role did not generate, in order."""
+    from envace.types import Role
+
+    return [t for t, r in zip(episode.act.token_ids, episode.act.role_ids) if r != int(Role.ACT)]
 
 
 def plain(model: Any, tokenizer: Any, prompts: list[list[int]], new_tokens: int, batch_limit: int) -> Measure:
@@ -120,6 +146,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default="tiny", help="tiny, or a local Hugging Face checkpoint directory")
     parser.add_argument("--tasks", default="builtin:bank-test:16", help="a task set (data.train_tasks syntax)")
     parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--engine", default="cached", choices=("cached", "hf"),
+                        help="the rollout's engine: CachedEngine (prefix reuse, finished rows leave) or HFEngine")
     parser.add_argument("--world", default="rehearse", choices=("rehearse", "real"))
     parser.add_argument("--max-turns", type=int, default=5)
     parser.add_argument("--act-max-new-tokens", type=int, default=48)
@@ -138,28 +166,33 @@ def main(argv: list[str] | None = None) -> None:
     model, tokenizer = build(args.model)
     tasks = load_task_set(args.tasks)
     rollout(model, tokenizer, tasks[:1], args)  # warm-up
-    runs, plains = [], []
+    runs, matched, firsts = [], [], []
     for _ in range(args.repeats):
-        measure, prompts = rollout(model, tokenizer, tasks, args)
+        measure, prompts, contexts = rollout(model, tokenizer, tasks, args)
         per_sequence = max(1, round(measure.tokens / len(prompts)))
         runs.append(measure)
-        plains.append(plain(model, tokenizer, prompts, per_sequence, args.batch_limit))
-    rollout_rate = statistics.median(m.rate for m in runs)
-    plain_rate = statistics.median(m.rate for m in plains)
+        matched.append(plain(model, tokenizer, contexts, per_sequence, args.batch_limit))
+        firsts.append(plain(model, tokenizer, prompts, per_sequence, args.batch_limit))
+    rate = statistics.median(m.rate for m in runs)
     episodes = len(tasks) * args.group_size
-    prompt_tokens = statistics.fmean(len(p) for p in prompts)
-    print(table([  # noqa: T201
-        ["run", "sequences", "generate calls", "new tokens", "seconds", "tokens/s"],
-        ["envace rollout", str(episodes), f"{statistics.median(m.calls for m in runs):.0f}",
-         f"{statistics.median(m.tokens for m in runs):.0f}", f"{statistics.median(m.seconds for m in runs):.2f}",
-         f"{rollout_rate:.1f}"],
-        ["plain generate", str(episodes), "1", f"{statistics.median(m.tokens for m in plains):.0f}",
-         f"{statistics.median(m.seconds for m in plains):.2f}", f"{plain_rate:.1f}"],
-    ]))
+    rows = [["run", "sequences", "prompt tokens/seq", "generate calls", "new tokens", "seconds", "tokens/s"],
+            _row(f"envace rollout ({args.engine})", episodes, statistics.fmean(len(p) for p in prompts), runs),
+            _row("plain generate, same lengths", episodes, statistics.fmean(len(c) for c in contexts), matched),
+            _row("plain generate, first prompts", episodes, statistics.fmean(len(p) for p in prompts), firsts)]
+    print(table(rows))  # noqa: T201
     print(f"\n{args.model} model, {args.world} world, {episodes} episodes ({len(tasks)} tasks x {args.group_size}), "  # noqa: T201
-          f"first prompt {prompt_tokens:.0f} tokens on average, median of {args.repeats} runs, {args.threads} "
-          f"torch thread(s), {'CUDA' if torch.cuda.is_available() else 'CPU'}.")
-    print(f"SUMMARY efficiency={rollout_rate / plain_rate:.3f}")  # noqa: T201
+          f"median of {args.repeats} runs, {args.threads} torch thread(s), "
+          f"{'CUDA' if torch.cuda.is_available() else 'CPU'}. The rollout's prompt tokens/seq is its first prompt; "
+          "its later prompts add the tool responses that the same-lengths row reads in one prefill.")
+    print(f"SUMMARY efficiency={rate / statistics.median(m.rate for m in matched):.3f} "  # noqa: T201
+          f"efficiency_first_prompt={rate / statistics.median(m.rate for m in firsts):.3f}")
+
+
+def _row(name: str, sequences: int, prompt_tokens: float, measures: list[Measure]) -> list[str]:
+    return [name, str(sequences), f"{prompt_tokens:.0f}", f"{statistics.median(m.calls for m in measures):.0f}",
+            f"{statistics.median(m.tokens for m in measures):.0f}",
+            f"{statistics.median(m.seconds for m in measures):.2f}",
+            f"{statistics.median(m.rate for m in measures):.1f}"]
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from envace.policy.hf import adapter_context
 from envace.private_rehearsal import PrivateRehearsal, Selector
 from envace.rewards.base import Reward
 from envace.rollout.engine import HFEngine, SamplingParams
+from envace.rollout.kv_engine import CachedEngine
 from envace.rollout.rehearsing import RehearsingRunner
 from envace.rollout.runner import EpisodeRunner, RolloutConfig
 from envace.scoring import score_episodes
@@ -41,16 +42,18 @@ REPLAY_METRICS = ("imagined_horizon", "imagined_departed_rate", "sim2real_gap")
 
 def policy_engine(module: L.LightningModule, model: nn.Module, tokenizer: Any, rollout: RolloutConfig,
                   adapter: str | None = None) -> HFEngine:
-    """An engine that generates with ``model`` (through LoRA adapter ``adapter`` when given)."""
+    """An engine that generates with ``model`` (through LoRA adapter ``adapter`` when given), as ``rollout.engine``."""
     trainer = module._trainer
-    return HFEngine(
-        model,
-        pad_id=tokenizer.pad_token_id,
-        stop_ids=[tokenizer.eos_token_id],
-        max_batch_size=rollout.generate_batch_size,
-        synced_gpus=trainer.world_size > 1 if trainer is not None else False,
-        adapter_context=(lambda: adapter_context(model, adapter)) if adapter else None,
-    )
+    common: dict[str, Any] = {
+        "pad_id": tokenizer.pad_token_id,
+        "stop_ids": [tokenizer.eos_token_id],
+        "max_batch_size": rollout.generate_batch_size,
+        "synced_gpus": trainer.world_size > 1 if trainer is not None else False,
+        "adapter_context": (lambda: adapter_context(model, adapter)) if adapter else None,
+    }
+    if rollout.engine == "cached":
+        return CachedEngine(model, cache_entries=rollout.cache_entries, **common)
+    return HFEngine(model, **common)
 
 
 def _any_active(module: L.LightningModule) -> Any:

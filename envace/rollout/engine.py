@@ -7,7 +7,7 @@ exactly as generated. ``HFEngine`` wraps ``transformers`` ``generate``; tests us
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -26,12 +26,15 @@ class SamplingParams:
         temperature: sampling temperature; 0 means greedy.
         top_p: nucleus sampling mass.
         top_k: top-k cut-off; 0 disables it.
+        min_new_tokens: stop tokens are masked until this many tokens were generated (0: never); benchmarks use it
+            to fix the work of a call.
     """
 
     max_new_tokens: int = 256
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    min_new_tokens: int = 0
 
 
 @dataclass
@@ -53,6 +56,19 @@ class Engine(Protocol):
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         """Generate one continuation per prompt, in order."""
         ...
+
+
+@contextmanager
+def sessions(*engines: Engine | None) -> Iterator[None]:
+    """Open the rollout session of every engine that has one (``CachedEngine`` keeps its prefix cache inside it)."""
+    with ExitStack() as stack:
+        seen: set[int] = set()
+        for engine in engines:
+            session = getattr(engine, "session", None)
+            if session is not None and id(engine) not in seen:
+                seen.add(id(engine))
+                stack.enter_context(session())
+        yield
 
 
 def cut_at_stop(ids: list[int], stop_ids: set[int], pad_id: int) -> Generation:
@@ -144,6 +160,7 @@ class HFEngine:
         sampling = {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k}
         return GenerationConfig(
             max_new_tokens=params.max_new_tokens,
+            min_new_tokens=params.min_new_tokens,
             do_sample=params.temperature > 0,
             eos_token_id=self.stop_ids,
             pad_token_id=self.pad_id,

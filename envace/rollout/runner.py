@@ -16,7 +16,7 @@ from transformers import PreTrainedTokenizerBase
 
 from envace.policy.chat import decode
 from envace.roles.parsing import CallError, parse_act_output, validate_call
-from envace.rollout.engine import Engine, Generation, SamplingParams
+from envace.rollout.engine import Engine, Generation, SamplingParams, sessions
 from envace.rollout.stream import TokenStream, append_messages, prompt_stream
 from envace.types import Episode, Rehearsal, Role, Sample, Task, ToolCall
 from envace.users import UserRequest, UserSimulator
@@ -53,6 +53,11 @@ class RolloutConfig:
             schema (``INVALID_ARGUMENTS``), and tools a later user turn brings (``Task.tool_unlocks``), refused as
             unknown until then. Off, both reach the environment, which answers as it does: the protocol of
             benchmarks whose executors check neither (BFCL, tau^2). Tools the task does not have are always refused.
+        engine: the policy's generation engine: ``cached`` (``CachedEngine``: each turn reuses the keys/values of
+            the turns before it, finished rows leave the batch) or ``hf`` (``HFEngine``: one ``transformers``
+            ``generate`` per call, every prompt read from scratch). Both sample the same distribution.
+        cache_entries: with the cached engine, most sequences a rollout keeps for reuse (least recently used
+            evicted); each costs its keys and values (``2 x layers x kv_heads x head_dim`` values per token).
     """
 
     max_turns: int = 8
@@ -70,6 +75,14 @@ class RolloutConfig:
     max_steps_per_user_turn: int = 0
     max_user_turns: int = 0
     validate_calls: bool = True
+    engine: Literal["cached", "hf"] = "cached"
+    cache_entries: int = 256
+
+    def __post_init__(self) -> None:
+        if self.engine not in ("cached", "hf"):
+            raise ValueError(f"rollout.engine must be 'cached' or 'hf', got {self.engine!r}")
+        if self.cache_entries < 1:
+            raise ValueError(f"rollout.cache_entries must be at least 1, got {self.cache_entries}")
 
     def act_params(self) -> SamplingParams:
         """Sampling of the act role."""
@@ -140,10 +153,11 @@ class EpisodeRunner:
         live = [self._start(i, t, g, world) for i, (t, g) in enumerate(zip(tasks, group_indices))]
         lockstep = any_active is not None
         reduce = any_active or (lambda active: active)
-        while reduce(any(not s.done for s in live)):
-            self._user_step([s for s in live if s.awaiting_user and not s.done])
-            self._act_step([s for s in live if not s.done], engine, lockstep)
-            self._world_step([s for s in live if s.pending], world, world_engine or engine, lockstep)
+        with sessions(engine, world_engine):  # a caching engine reuses each turn's prefix within this rollout
+            while reduce(any(not s.done for s in live)):
+                self._user_step([s for s in live if s.awaiting_user and not s.done])
+                self._act_step([s for s in live if not s.done], engine, lockstep)
+                self._world_step([s for s in live if s.pending], world, world_engine or engine, lockstep)
         return [self._finish(s) for s in live]
 
     # -- episode lifecycle ------------------------------------------------------------------------------------------
