@@ -20,6 +20,7 @@ from torch import nn
 from torchmetrics import MeanMetric, MetricCollection
 
 from envace.audit import replay, sim_to_real
+from envace.distributed import chain_contexts, full_params_context
 from envace.fidelity import RehearsalFidelity, reference_probes, rehearse_probes
 from envace.metrics import ROLLOUT_METRICS, rollout_metrics
 from envace.policy.hf import adapter_context
@@ -49,7 +50,10 @@ def policy_engine(module: L.LightningModule, model: nn.Module, tokenizer: Any, r
         "stop_ids": [tokenizer.eos_token_id],
         "max_batch_size": rollout.generate_batch_size,
         "synced_gpus": trainer.world_size > 1 if trainer is not None else False,
-        "adapter_context": (lambda: adapter_context(model, adapter)) if adapter else None,
+        "adapter_context": chain_contexts(
+            full_params_context(trainer.strategy) if trainer is not None else None,  # strategy: fsdp
+            (lambda: adapter_context(model, adapter)) if adapter else None,
+        ),
     }
     if rollout.engine == "cached":
         return CachedEngine(model, cache_entries=rollout.cache_entries, **common)

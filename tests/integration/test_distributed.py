@@ -3,6 +3,7 @@ samples its own share of tasks, and the ranks stay in lockstep through rollouts,
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -58,3 +59,27 @@ def test_ddp_two_processes_on_cpu(tmp_path: Path) -> None:
     accumulator = EventAccumulator(str(events))
     accumulator.Reload()
     assert {"val/success_act", "val/fidelity_exact_match", "train/loss_act"} <= set(accumulator.Tags()["scalars"])
+
+
+@pytest.mark.slow
+def test_fsdp1_unit_generates_outside_and_inside_its_forward_on_cpu() -> None:
+    """``strategy: fsdp`` (one FSDP unit, as Lightning wraps the module): sharded over two gloo ranks, rollouts
+    generated outside a step (under ``summon_full_params``) and inside the unit's forward equal an unsharded copy's,
+    with unequal work per rank; nested units are refused with a message naming the FSDP2 alternative."""
+    worker = Path(__file__).with_name("fsdp1_worker.py")
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    ranks = [subprocess.Popen([sys.executable, str(worker), str(rank), "29543"], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for rank in range(2)]
+    try:
+        outputs = [rank.communicate(timeout=180) for rank in ranks]
+    except subprocess.TimeoutExpired:
+        pytest.fail("a rank hung")
+    finally:
+        for rank in ranks:
+            rank.kill()
+    for rank, (_, err) in zip(ranks, outputs):
+        assert rank.returncode == 0, err[-3000:]
+    for out, _ in outputs:
+        result = json.loads(out.strip().splitlines()[-1])
+        assert result["sharded"] and result["outside"] and result["inside"]
+        assert "ModelParallelStrategy" in result["refused"] and "auto_wrap_policy" in result["refused"]
