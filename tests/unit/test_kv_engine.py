@@ -195,3 +195,26 @@ def test_a_rehearsed_rollout_is_token_identical_with_either_engine(noisy) -> Non
         reused = getattr(engine, "reused_tokens", reused)
     assert streams[0] == streams[1]
     assert reused > 0 and max(len(s) for s in streams[0]) > 100
+
+
+def test_columns_of_finished_rows_are_dropped_without_changing_the_tokens(noisy) -> None:
+    """A long row that stops at once leaves its columns to nobody: they are dropped, and the short row's tokens
+    are unchanged."""
+    model, tok = noisy
+    rng = random.Random(7)
+    for _ in range(20):  # find prompts where the long row's first token never occurs in the short row's output
+        long, short = [rng.randrange(5, 900) for _ in range(120)], [rng.randrange(5, 900) for _ in range(20)]
+        free = HFEngine(model, tok.pad_token_id, [len(tok) + 7]).generate([long, short], GREEDY)
+        stop = free[0].token_ids[0]
+        if stop not in free[1].token_ids:
+            break
+    else:
+        pytest.fail("no suitable prompts")
+    hf = HFEngine(model, tok.pad_token_id, [stop]).generate([long, short], GREEDY)
+    cached = CachedEngine(model, tok.pad_token_id, [stop])
+    seen: list[int] = []
+    original = cached._decode
+    cached._decode = lambda batch, tokens: (seen.append(batch.mask.shape[1]), original(batch, tokens))[1]
+    assert cached.generate([long, short], GREEDY) == hf
+    assert len(hf[0].token_ids) == 1 and len(hf[1].token_ids) == 10
+    assert seen[0] < 60  # the 120-column prompt width shrank to the short row's own columns
