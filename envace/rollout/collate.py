@@ -69,7 +69,7 @@ class RolloutBatch:
 
 
 def collate(samples: list[Sample], temperatures: list[float], pad_id: int) -> RolloutBatch:
-    """Right-pad ``samples`` into a batch. Advantages start at 0; the caller fills them.
+    """Right-pad ``samples`` into a batch, each row cut after its last trained token. Advantages start at 0.
 
     Args:
         samples: the rows.
@@ -85,16 +85,18 @@ def collate(samples: list[Sample], temperatures: list[float], pad_id: int) -> Ro
             f"collate needs at least one row and one temperature per row, got {len(samples)} rows and "
             f"{len(temperatures)} temperatures"
         )
-    n, width = len(samples), max(len(s) for s in samples)
-    input_ids = torch.full((n, width), pad_id, dtype=torch.long)  # [N, T]
-    attention_mask = torch.zeros((n, width), dtype=torch.long)  # [N, T]
-    loss_mask = torch.zeros((n, width), dtype=torch.float32)  # [N, T]
     for i, s in enumerate(samples):
         if len(s.loss_mask) != len(s):
             raise ValueError(f"row {i}: loss_mask has {len(s.loss_mask)} entries for {len(s)} tokens")
-        input_ids[i, : len(s)] = torch.tensor(s.token_ids, dtype=torch.long)
-        attention_mask[i, : len(s)] = 1
-        loss_mask[i, : len(s)] = torch.tensor(s.loss_mask, dtype=torch.float32)
+    lengths = [trained_length(s) for s in samples]
+    n, width = len(samples), max(lengths)
+    input_ids = torch.full((n, width), pad_id, dtype=torch.long)  # [N, T]
+    attention_mask = torch.zeros((n, width), dtype=torch.long)  # [N, T]
+    loss_mask = torch.zeros((n, width), dtype=torch.float32)  # [N, T]
+    for i, (s, length) in enumerate(zip(samples, lengths)):
+        input_ids[i, :length] = torch.tensor(s.token_ids[:length], dtype=torch.long)
+        attention_mask[i, :length] = 1
+        loss_mask[i, :length] = torch.tensor(s.loss_mask[:length], dtype=torch.float32)
     return RolloutBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -107,6 +109,19 @@ def collate(samples: list[Sample], temperatures: list[float], pad_id: int) -> Ro
         group_ids=torch.tensor([s.group_index for s in samples], dtype=torch.long),
         episode_ids=torch.tensor([s.episode_index for s in samples], dtype=torch.long),
     )
+
+
+def trained_length(sample: Sample) -> int:
+    """The row's length up to its last trained token: later tokens cannot change a trained token's log-prob.
+
+    An episode that ends on a budget after a tool response (or a turn-limit feedback message) carries that untrained
+    tail; the update's forward and backward would otherwise run over it, and pad the whole micro-batch to it. A row
+    with no trained token keeps its full length.
+    """
+    for i in range(len(sample.loss_mask) - 1, -1, -1):
+        if sample.loss_mask[i]:
+            return i + 1
+    return len(sample)
 
 
 def role_rows(batch: RolloutBatch, role: Role) -> Tensor:

@@ -121,6 +121,7 @@ class EpisodeRunner:
     def __init__(self, tokenizer: PreTrainedTokenizerBase, config: RolloutConfig) -> None:
         self.tokenizer = tokenizer
         self.config = config
+        self._prompts: dict[int, TokenStream] = {}  # within a run: a group's G episodes share one first prompt
 
     def run(
         self,
@@ -150,7 +151,9 @@ class EpisodeRunner:
             ValueError: a task whose messages end with an assistant message (the user opens) without a simulator.
         """
         self.user = user
+        self._prompts = {}
         live = [self._start(i, t, g, world) for i, (t, g) in enumerate(zip(tasks, group_indices))]
+        self._prompts = {}
         lockstep = any_active is not None
         reduce = any_active or (lambda active: active)
         with sessions(engine, world_engine):  # a caching engine reuses each turn's prefix within this rollout
@@ -168,11 +171,18 @@ class EpisodeRunner:
         if opens and not self._simulates(task):
             raise ValueError(f"task '{task.id}': its messages end with an assistant message, so the user opens the "
                              "conversation; that needs Task.user and a user simulator (EpisodeRunner.run(user=...))")
-        stream = None if opens else prompt_stream(self.tokenizer, messages, task.visible_tools())
+        stream = None if opens else self._first_prompt(task, messages)
         act = Sample([], [], [], Role.ACT, episode_index=index, group_index=group)
         episode = Episode(task=task, group_index=group, messages=[dict(m) for m in messages], act=act)
         episode.stats.user_turns = 0 if opens else 1
         return _Live(episode, stream, messages, world.open(task), awaiting_user=opens)
+
+    def _first_prompt(self, task: Task, messages: list[dict[str, Any]]) -> TokenStream:
+        """The task's rendered first prompt: rendered once per task object in a run, copied for each episode."""
+        rendered = self._prompts.get(id(task))
+        if rendered is None:
+            rendered = self._prompts[id(task)] = prompt_stream(self.tokenizer, messages, task.visible_tools())
+        return TokenStream(list(rendered.ids), list(rendered.roles), list(rendered.mask), rendered.text)
 
     def _simulates(self, task: Task) -> bool:
         return self.user is not None and task.user is not None

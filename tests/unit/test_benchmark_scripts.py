@@ -148,9 +148,14 @@ def test_rollout_efficiency_compares_the_rollout_with_plain_generate(capsys) -> 
     _script("rollout_efficiency").main(["--tasks", "builtin:bank-test:2", "--group-size", "2", "--repeats", "1",
                                         "--act-max-new-tokens", "8", "--rehearse-max-new-tokens", "8"])
     lines = capsys.readouterr().out.strip().splitlines()
-    rollout, plain = (dict(zip(("run", "sequences", "calls", "tokens"), row.strip("| ").split(" | ")[:4]))
-                      for row in lines[2:4])
-    assert rollout["run"] == "envace rollout" and plain["run"] == "plain generate"
-    assert rollout["sequences"] == plain["sequences"] == "4" and plain["calls"] == "1"
-    assert abs(int(rollout["tokens"]) - int(plain["tokens"])) < 4  # the same work, rounded per sequence
-    assert float(lines[-1].removeprefix("SUMMARY efficiency=")) > 0
+    keys = ("run", "sequences", "prompt", "calls", "tokens")
+    rollout, matched, first = (dict(zip(keys, row.strip("| ").split(" | ")[:5])) for row in lines[2:5])
+    assert rollout["run"] == "envace rollout (cached)"
+    assert matched["run"] == "plain generate, same lengths" and first["run"] == "plain generate, first prompts"
+    assert rollout["sequences"] == matched["sequences"] == first["sequences"] == "4"
+    assert matched["calls"] == first["calls"] == "1"
+    assert int(matched["prompt"]) > int(first["prompt"]) == int(rollout["prompt"])  # + the tool responses
+    for plain in (matched, first):
+        assert abs(int(rollout["tokens"]) - int(plain["tokens"])) < 4  # the same work, rounded per sequence
+    summary = dict(item.split("=") for item in lines[-1].removeprefix("SUMMARY ").split())
+    assert set(summary) == {"efficiency", "efficiency_first_prompt"} and all(float(v) > 0 for v in summary.values())

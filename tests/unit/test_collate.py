@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from envace.rollout.collate import RolloutBatch, collate, role_rows
+from envace.rollout.collate import RolloutBatch, collate, role_rows, trained_length
 from envace.types import Role, Sample
 
 PAD = 9
@@ -41,6 +41,18 @@ def test_right_padding_and_masks() -> None:
     assert b.loss_mask.tolist() == [[0, 1, 1, 0, 0], [0, 0, 1, 1, 1], [0, 0, 1, 1, 0], [0, 1, 0, 0, 0]]
     assert b.input_ids.dtype == torch.long and b.loss_mask.dtype == torch.float32
     assert len(b) == 4
+
+
+def test_rows_are_cut_after_their_last_trained_token() -> None:
+    """An untrained tail (a tool response and template tokens after the last act turn) never reaches the update;
+    a row with no trained token keeps its length."""
+    tail = Sample([1, 2, 3, 4, 5, 6], [SYS, ACT, ACT, TOOL, TOOL, SYS], [0, 1, 1, 0, 0, 0], Role.ACT, 0, 0)
+    untrained = Sample([7, 8, 9], [SYS, SYS, SYS], [0, 0, 0], Role.ACT, 1, 0)
+    assert trained_length(tail) == 3 and trained_length(untrained) == 3
+    b = collate([tail, untrained], [1.0, 1.0], PAD)
+    assert b.input_ids.tolist() == [[1, 2, 3], [7, 8, 9]]
+    assert b.attention_mask.tolist() == [[1, 1, 1], [1, 1, 1]]
+    assert b.loss_mask.tolist() == [[0, 1, 1], [0, 0, 0]]
 
 
 def test_per_row_fields() -> None:
