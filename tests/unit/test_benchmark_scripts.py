@@ -159,3 +159,27 @@ def test_rollout_efficiency_compares_the_rollout_with_plain_generate(capsys) -> 
         assert abs(int(rollout["tokens"]) - int(plain["tokens"])) < 4  # the same work, rounded per sequence
     summary = dict(item.split("=") for item in lines[-1].removeprefix("SUMMARY ").split())
     assert set(summary) == {"efficiency", "efficiency_first_prompt"} and all(float(v) > 0 for v in summary.values())
+
+
+def test_vs_trl_without_trl_names_the_install_command(monkeypatch) -> None:
+    vs_trl = _script("vs_trl")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "trl" else real(name, *a))
+    with pytest.raises(SystemExit, match=r"needs trl: \.venv/bin/pip install -e '\.\[vs-trl\]'"):
+        vs_trl.main(["--pairs", "1"])
+
+
+def test_vs_trl_ratio_is_the_median_over_pairs_of_trl_over_envace() -> None:
+    vs_trl = _script("vs_trl")
+
+    def run(*step_s: float) -> list[dict[str, float]]:
+        return [{"step_s": s, "gen_score_s": s / 2, "gen_tokens": 1024.0, "completions": 32.0} for s in step_s]
+
+    results = [("envace", run(9.0, 1.0, 1.2, 1.0)), ("trl", run(9.0, 1.5, 1.5, 1.5)),  # warm-up step 9.0 ignored
+               ("trl", run(9.0, 2.0, 2.0, 2.0)), ("envace", run(9.0, 1.0, 1.0, 1.0)),
+               ("envace", run(9.0, 2.0, 2.0, 2.0)), ("trl", run(9.0, 1.0, 1.0, 1.0))]
+    # per pair, TRL's median step over envace's: 1.5/1.0, 2.0/1.0, 1.0/2.0 -> median 1.5
+    assert vs_trl.step_ratio(results, warmup=1) == pytest.approx(1.5)
+    summary = vs_trl.summarise(run(9.0, 1.0, 3.0), warmup=1)
+    assert summary["step_s"] == 2.0 and summary["update_s"] == 1.0 and summary["completion_len"] == 32.0
+    assert vs_trl.contains_answer("it is 42.", "42") == 1.0 and vs_trl.contains_answer("4 2", "42") == 0.0
