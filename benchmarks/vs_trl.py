@@ -21,8 +21,8 @@ Protocol (a fair side-by-side: identical inputs, identical work, identical optim
   the parsed final answer. TRL also suppresses the pad token until the 32nd token (it is one of its EOS ids); envace
   stops on ``<|im_end|>`` only. envace logs no external logger (``logger: false``) as TRL runs with
   ``report_to="none"``. A completion that contains ``<tool_call>`` or ``</tool_call>`` is a malformed call to envace:
-  it appends the error feedback as a tool message (untrained tokens) before the episode ends, so those rows are
-  longer in the update; the table shows how many rows per step and the update's padded length.
+  it appends the error feedback as a tool message before the episode ends (the "rows with feedback" column); the
+  update cuts every row after its last trained token, so that tail costs envace the feedback's rendering only.
 - **Process layout.** Each side runs in its own subprocess (this script re-invoked with ``--side``), alternating
   envace/TRL for ``--pairs`` pairs and swapping which one goes first in every pair. Each run does ``--warmup``
   steps, then ``--steps`` timed steps. envace runs through its real training path: ``envace.cli.cli_main`` builds
@@ -262,6 +262,7 @@ def run_envace(workdir: Path, max_steps: int, threads: int, engine: str | None) 
     import envace.module
     from envace.cli import cli_main
     from envace.evaluation import policy_engine
+    from envace.rollout.collate import trained_length
 
     records: list[dict[str, float]] = []
     generate_s: list[float] = []
@@ -296,7 +297,7 @@ def run_envace(workdir: Path, max_steps: int, threads: int, engine: str | None) 
                 "step_s": step_s, "gen_score_s": logged["rollout_time_s"], "generate_s": sum(generate_s),
                 "update_logged_s": logged["update_time_s"], "gen_tokens": logged["generated_tokens"],
                 "completions": float(len(episodes)), "prompt_tokens": statistics.mean(prompt),
-                "update_width": float(max(len(e.act.token_ids) for e in episodes)),
+                "update_width": float(max(trained_length(e.act) for e in episodes)),  # as collate cuts the rows
                 "feedback_rows": float(sum(len(e.act.loss_mask) > p + NEW_TOKENS for e, p in zip(episodes, prompt))),
                 "reward": statistics.mean(e.reward for e in episodes), "threads": float(torch.get_num_threads()),
             })
