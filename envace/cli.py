@@ -9,12 +9,16 @@ another module with ``model: {class_path: envace.sft.SFTModule, init_args: ...}`
 from __future__ import annotations
 
 import os
+from typing import Any
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import lightning as L  # noqa: E402
 from jsonargparse import set_parsing_settings  # noqa: E402
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI  # noqa: E402
+from lightning.pytorch.plugins.io import CheckpointIO  # noqa: E402
+
+from envace.checkpoint import AtomicCheckpointIO  # noqa: E402
 
 
 class EnvaceCLI(LightningCLI):
@@ -35,6 +39,20 @@ class EnvaceCLI(LightningCLI):
                 "data": {"class_path": "envace.data.datamodule.RolloutDataModule"},
             }
         )
+
+
+    def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[L.Callback]) -> L.Trainer:
+        """The Trainer, writing checkpoints atomically unless the config brings its own checkpoint plugin."""
+        return super()._instantiate_trainer({**config, "plugins": with_atomic_checkpoints(config.get("plugins"))},
+                                            callbacks)
+
+
+def with_atomic_checkpoints(plugins: Any) -> list[Any]:
+    """``plugins`` (None, one, or a list) with an ``AtomicCheckpointIO`` added when none is a ``CheckpointIO``."""
+    given = [] if plugins is None else list(plugins) if isinstance(plugins, list | tuple) else [plugins]
+    if not any(isinstance(p, CheckpointIO) for p in given):
+        given.append(AtomicCheckpointIO())
+    return given
 
 
 class ConfigCheckCLI(EnvaceCLI):

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from peft import PeftModel
 from torch import Tensor
 
@@ -24,6 +24,7 @@ from envace.advantages import group_advantages, role_group_ids
 from envace.alignment import AlignmentRows, DemonstrationRows
 from envace.audit import WorldAudit
 from envace.base_module import PolicyModule
+from envace.checkpoint import rng_state, set_rng_state
 from envace.distributed import fully_shard_layers, peer_max
 from envace.evaluation import PolicyEvaluator, policy_engine
 from envace.fidelity import reference_probes, rehearse_probes
@@ -130,6 +131,7 @@ class EnvACEModule(PolicyModule):
         self.real_calls_total = 0  # real tool calls spent by training rollouts, over the whole run (resumes included)
         self.real_calls_saved_total = 0  # calls answered without a real execution, over the whole run
         self._live_steps = 0  # training steps since live fidelity was last logged
+        self._pending_rng: dict[str, Any] | None = None  # random states of a restored checkpoint, for the next rollout
         self.automatic_optimization = False
         self.policy = policy
         self.world = world if world is not None else RehearseWorld()
@@ -195,6 +197,9 @@ class EnvACEModule(PolicyModule):
         This is the sampling interface the DataModule's stream calls; it runs under ``torch.no_grad``.
         """
         self._bind_worlds()
+        if self._pending_rng is not None:
+            set_rng_state(self._pending_rng)
+            self._pending_rng = None
         start = time.perf_counter()
         generated_before = self.act_engine.generated_tokens + self.rehearse_engine.generated_tokens
         group = self.grpo.group_size
@@ -335,12 +340,32 @@ class EnvACEModule(PolicyModule):
         checkpoint["envace_real_calls_total"] = self.real_calls_total
         checkpoint["envace_real_calls_saved_total"] = self.real_calls_saved_total
         checkpoint["envace_world_quality"] = self.quality.state_dict_extra()
+        checkpoint["envace_rng"] = self._rng_states()  # one per rank: each rank samples its own stream
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Restore what ``on_save_checkpoint`` kept."""
         self.real_calls_total = int(checkpoint.get("envace_real_calls_total", 0))
         self.real_calls_saved_total = int(checkpoint.get("envace_real_calls_saved_total", 0))
         self.quality.load_state_dict_extra(checkpoint.get("envace_world_quality", {}))
+        states = checkpoint.get("envace_rng")
+        rank, world = (self.trainer.global_rank, self.trainer.world_size) if self._trainer else (0, 1)
+        if isinstance(states, list) and len(states) == world:
+            # Applied when the next rollout starts, not now: between here and there Lightning creates the training
+            # DataLoader's iterator, which draws from the global generator; the interrupted run made that draw
+            # before its first step. Sampling then continues exactly where the interrupted run was.
+            self._pending_rng = states[rank]
+        elif states is not None:
+            rank_zero_warn(f"the checkpoint holds the random states of {len(states)} rank(s), this run has {world}: "
+                           "sampling restarts from the seed")
+
+    def _rng_states(self) -> list[dict[str, Any]]:
+        """Every rank's random states (a collective: Lightning calls ``on_save_checkpoint`` on every rank)."""
+        mine = rng_state()
+        if self.trainer.world_size == 1:
+            return [mine]
+        states: list[Any] = [None] * self.trainer.world_size
+        torch.distributed.all_gather_object(states, mine)
+        return states
 
     def _budget_spent(self) -> bool:
         """``trainer.max_steps`` counts optimiser steps; stop mid-rollout rather than overshoot it."""
