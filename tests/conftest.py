@@ -11,8 +11,15 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest
 import torch
+from hypothesis import settings
 
 torch.set_num_threads(1)
+
+# "ci" (the default): reproducible examples, no timing deadline on a shared 2-core machine, no example database
+# written into the checkout. HYPOTHESIS_PROFILE=dev explores new random examples on every run.
+settings.register_profile("ci", deadline=None, derandomize=True, database=None)
+settings.register_profile("dev", deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture(autouse=True)

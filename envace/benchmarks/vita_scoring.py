@@ -99,7 +99,7 @@ def parse_judge_reply(text: str, offered: Sequence[int]) -> set[int] | None:
     body = fenced.group(1) if fenced else body
     try:
         value = json.loads(body)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # not JSON, an over-long integer, or nesting too deep to decode
         return None
     if not isinstance(value, dict) or set(value) != {"met"} or not isinstance(value["met"], list):
         return None

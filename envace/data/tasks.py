@@ -3,6 +3,10 @@
 This module owns reading and writing task files and converting records into the frozen ``envace.types.Task``
 dataclasses. Every problem is reported as one ``TaskFormatError`` line naming the file, the line and the field, e.g.
 ``tasks.jsonl:3: field 'tools[0].function.parameters': not a valid JSON schema: ...``. See ``docs/task-format.md``.
+
+Lines are split on ``\\n`` only (a JSON string may hold U+2028 or U+0085 raw). Lines are read with
+``envace.roles.parsing.loads_json``: nesting deeper than ``MAX_JSON_DEPTH``, lone surrogates, ``NaN``/``Infinity`` and
+out-of-range numbers are refused with the field named. Duplicate keys in an object: the last one wins, as in ``json``.
 """
 
 from __future__ import annotations
@@ -18,9 +22,12 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
+from referencing import Registry
+from referencing.exceptions import Unresolvable
+from referencing.jsonschema import DRAFT202012
 
 from envace.envs.real import EnvironmentClassError, import_class, is_toolbox, public_methods, tool_schemas_from_class
-from envace.roles.parsing import json_type_name, validate_call
+from envace.roles.parsing import UnsafeJSONError, json_type_name, loads_json, validate_call
 from envace.types import EnvSpec, ExpectedAnswer, ExpectedCall, SuccessSpec, Task, ToolCall, canonical_json
 
 TOP_KEYS = (
@@ -33,6 +40,7 @@ ANSWER_KEYS = ("equals", "contains", "weight")
 ENV_KEYS = ("class_path", "init_args")
 ROLES = ("system", "user", "assistant", "tool")
 BUILTIN_PREFIX = "builtin:"
+_DATA_KEYWORDS = ("const", "default", "enum", "examples")  # schema keywords whose values are data, not schemas
 
 
 class TaskFormatError(ValueError):
@@ -73,7 +81,7 @@ def load_task_set(spec: str) -> list[Task]:
         name, _, count = spec[len(BUILTIN_PREFIX) :].partition(":")
         if name not in SPLIT_OF:
             raise TaskFormatError(f"unknown built-in task set '{spec}'; generated sets: {', '.join(sorted(SPLIT_OF))}")
-        if not count.isdigit() or not 1 <= int(count) <= MAX_TASKS:
+        if not (count.isascii() and count.isdigit()) or not 1 <= int(count) <= MAX_TASKS:  # int('²') raises
             raise TaskFormatError(f"'{spec}': the task count must be an integer in 1..{MAX_TASKS}, got '{count}'")
         return generate_split(SPLIT_OF[name], int(count))
     return load_tasks(resolve_task_path(spec))
@@ -117,10 +125,12 @@ def load_tasks(path: str | Path) -> list[Task]:
     path = resolve_task_path(path) if isinstance(path, str) else path
     if not path.is_file():
         raise TaskFormatError(f"task file not found: {path}")
+    data = path.read_bytes()
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = data.decode("utf-8").split("\n")  # not splitlines(): JSON strings may hold U+2028, U+0085 raw
     except UnicodeDecodeError as exc:
-        raise TaskFormatError(f"{path}: not UTF-8 text: {exc}") from exc
+        lineno = data.count(b"\n", 0, exc.start) + 1
+        raise TaskFormatError(f"{path}:{lineno}: not UTF-8 text: {exc.reason} (byte {exc.start})") from exc
     tasks: list[Task] = []
     first_line: dict[str, int] = {}
     for lineno, line in enumerate(lines, start=1):
@@ -140,9 +150,13 @@ def load_tasks(path: str | Path) -> list[Task]:
 
 def _decode_line(line: str, where: str) -> Any:
     try:
-        return json.loads(line)
+        return loads_json(line)
     except json.JSONDecodeError as exc:
         raise TaskFormatError(f"{where}: invalid JSON: {exc.msg} (column {exc.colno})") from exc
+    except UnsafeJSONError as exc:
+        raise TaskFormatError(f"{where}: field '{_one_line(exc.path) or '<record>'}': {exc.problem}") from exc
+    except ValueError as exc:  # NaN/Infinity, an integer too long to convert
+        raise TaskFormatError(f"{where}: invalid JSON: {_one_line(str(exc))}") from exc
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -163,7 +177,7 @@ def parse_task(record: dict[str, Any], *, where: str = "<task>") -> Task:
     try:
         return _parse_task(record)
     except _FieldError as exc:
-        raise TaskFormatError(f"{where}: field '{exc.field}': {_one_line(exc.message)}") from exc
+        raise TaskFormatError(f"{where}: field '{_one_line(exc.field)}': {_one_line(exc.message)}") from exc
 
 
 def _parse_task(record: Any) -> Task:
@@ -298,9 +312,10 @@ def _parse_tool_call(value: Any, field: str) -> dict[str, Any]:
     arguments = function.get("arguments", {})
     if isinstance(arguments, str):
         try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError as exc:
-            raise _FieldError(f"{field}.function.arguments", f"invalid JSON string: {exc.msg}") from exc
+            arguments = loads_json(arguments)
+        except ValueError as exc:
+            message = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
+            raise _FieldError(f"{field}.function.arguments", f"invalid JSON string: {message}") from exc
     if not isinstance(arguments, dict):
         raise _FieldError(f"{field}.function.arguments", "must be a JSON object or a JSON string of one")
     return {**value, "type": "function", "function": {**function, "arguments": arguments}}
@@ -316,6 +331,7 @@ def _check_reference(reference: tuple[dict[str, Any], ...], task: Task) -> None:
             name, _ = pending.pop(0)
             if message.get("name", name) != name:
                 raise _FieldError(f"reference[{i}].name", f"expected '{name}' (the call it answers)")
+            _check_response_json(message["content"], f"reference[{i}].content")
             continue
         if pending:
             raise _FieldError(pending[0][1], "tool call has no tool response in the reference")
@@ -324,6 +340,16 @@ def _check_reference(reference: tuple[dict[str, Any], ...], task: Task) -> None:
             _check_call(call, task, f"reference[{i}].tool_calls[{j}].function")
     if pending:
         raise _FieldError(pending[0][1], "tool call has no tool response in the reference")
+
+
+def _check_response_json(content: str, field: str) -> None:
+    """A recorded response is plain text or JSON that is safe to decode (alignment and rewards decode it)."""
+    try:
+        loads_json(content, strict_numbers=False)
+    except json.JSONDecodeError:
+        return  # plain text
+    except ValueError as exc:  # too deep, a lone surrogate, an integer too long to convert
+        raise _FieldError(field, f"holds JSON that cannot be used: {_one_line(str(exc))}") from exc
 
 
 def _check_call(call: dict[str, Any], task: Task, field: str) -> None:
@@ -385,12 +411,33 @@ def _check_parameters(schema: Any, field: str) -> None:
 
 @functools.lru_cache(maxsize=256)
 def _schema_problem(schema_json: str) -> str | None:
-    """Why a schema (given as canonical JSON; cached, checking is slow) is invalid, or None."""
+    """Why a schema (given as canonical JSON; cached, checking is slow) is invalid, or None.
+
+    Every ``$ref`` must resolve within the schema itself: envace never fetches a remote schema, and an unresolvable
+    reference would otherwise fail only later, when a call is validated.
+    """
+    schema = json.loads(schema_json)
     try:
-        Draft202012Validator.check_schema(json.loads(schema_json))
+        Draft202012Validator.check_schema(schema)
     except SchemaError as exc:
         where = "" if not exc.path else f" at {'/'.join(str(p) for p in exc.path)}"
         return f"{where}: {exc.message}"
+    resource = DRAFT202012.create_resource(schema)
+    uri = resource.id() or "urn:envace:tool"
+    resolver = Registry().with_resource(uri, resource).resolver(uri)
+    stack: list[tuple[Any, str]] = [(schema, "")]
+    while stack:
+        node, where = stack.pop()
+        if isinstance(node, list):
+            stack.extend((item, f"{where}/{i}") for i, item in enumerate(node))
+        elif isinstance(node, dict) and (node is schema or "$id" not in node):  # below a nested $id: its own base
+            if isinstance(node.get("$ref"), str):
+                try:
+                    resolver.lookup(node["$ref"])
+                except Unresolvable:
+                    ref = json.dumps(node["$ref"])
+                    return f" at {(where + '/$ref').lstrip('/')}: {ref} does not resolve within the schema"
+            stack.extend((value, f"{where}/{key}") for key, value in node.items() if key not in _DATA_KEYWORDS)
     return None
 
 
@@ -408,8 +455,9 @@ def _check_tools_in_environment(tools: tuple[dict[str, Any], ...], environment: 
 def _parse_environment(value: Any, field: str) -> EnvSpec:
     _require_object(value, field, ENV_KEYS, required=("class_path",))
     class_path, init_args = value["class_path"], value.get("init_args", {})
-    if not isinstance(class_path, str):
-        raise _FieldError(f"{field}.class_path", "must be a string")
+    if not isinstance(class_path, str) or not all(part.isidentifier() for part in class_path.split(".")):
+        got = json.dumps(class_path)
+        raise _FieldError(f"{field}.class_path", f"must be a dotted path 'package.module.ClassName', got {got}")
     if not isinstance(init_args, dict):
         raise _FieldError(f"{field}.init_args", "must be a JSON object")
     try:
@@ -445,7 +493,7 @@ def _parse_expected_call(value: Any, field: str, tools: tuple[dict[str, Any], ..
     _require_object(value, field, CALL_KEYS, required=("name",))
     schemas = {spec["function"]["name"]: spec["function"]["parameters"] for spec in tools}
     name, arguments = value["name"], value.get("arguments", {})
-    if name not in schemas:
+    if not isinstance(name, str) or name not in schemas:
         raise _FieldError(f"{field}.name", f"unknown tool {json.dumps(name)}; available: {', '.join(schemas)}")
     if not isinstance(arguments, dict):
         raise _FieldError(f"{field}.arguments", "must be a JSON object")

@@ -3,13 +3,17 @@
 This module owns reading the act role's turns (``<tool_call>{json}</tool_call>`` blocks, optional ``<think>``
 reasoning) and the rehearse role's outputs (``<execution_result>{json}</execution_result>``), and checking calls
 against a task's tool schemas. Every function here is pure and never raises on model output: problems come back as
-``CallError`` values whose JSON form is the tool message the act role sees. Only ``json`` is used to read model text.
+``CallError`` values whose JSON form is the tool message the act role sees. Only ``json`` is used to read model text
+(``loads_json``: nothing is evaluated), and decoded values that would break a later step are refused as invalid JSON:
+nesting deeper than ``MAX_JSON_DEPTH``, lone surrogates (``\\ud800`` escapes, which tokenizers and UTF-8 writers
+reject), and numbers outside the finite double range. Duplicate keys in an object: the last one wins, as in ``json``.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -25,6 +29,9 @@ THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 _CALL_BLOCK = re.compile(re.escape(CALL_OPEN) + r"(.*?)" + re.escape(CALL_CLOSE), re.DOTALL)
 _RESULT_BLOCK = re.compile(re.escape(RESULT_OPEN) + r"(.*?)" + re.escape(RESULT_CLOSE), re.DOTALL)
 _MAX_VALIDATORS = 1024
+_SURROGATE = re.compile("[\ud800-\udfff]")
+MAX_JSON_DEPTH = 100
+"""The deepest nesting of arrays and objects ``loads_json`` accepts (recursive helpers downstream stay in bounds)."""
 
 
 @dataclass(frozen=True)
@@ -87,9 +94,69 @@ def _reject_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not valid JSON")
 
 
-def _loads(text: str) -> Any:
-    """``json.loads`` that also rejects ``NaN`` and ``Infinity`` (not JSON; they break canonical comparisons)."""
-    return json.loads(text, parse_constant=_reject_constant)
+class UnsafeJSONError(ValueError):
+    """Decoded JSON that envace refuses to pass on.
+
+    Attributes:
+        path: where, as ``key[0].key`` (empty for the whole value).
+        problem: what is wrong, one line.
+    """
+
+    def __init__(self, path: str, problem: str) -> None:
+        super().__init__(f"{problem} at {path}" if path else problem)
+        self.path = path
+        self.problem = problem
+
+
+def loads_json(text: str, *, strict_numbers: bool = True) -> Any:
+    """``json.loads`` for untrusted text: a ``ValueError`` for anything unusable, never another exception.
+
+    Args:
+        text: the JSON text.
+        strict_numbers: also refuse ``NaN``, ``Infinity`` and numbers outside the finite double range (not
+            interoperable JSON; they break canonical comparisons and schema checks).
+
+    Raises:
+        json.JSONDecodeError: not JSON.
+        UnsafeJSONError: nested deeper than ``MAX_JSON_DEPTH``, a lone surrogate, or (strict) an out-of-range number.
+        ValueError: (strict) a ``NaN``/``Infinity`` literal, or an integer of more digits than Python converts.
+    """
+    try:
+        value = json.loads(text, parse_constant=_reject_constant if strict_numbers else None)
+    except RecursionError as exc:
+        raise UnsafeJSONError("", f"nested deeper than {MAX_JSON_DEPTH} levels") from exc
+    check_json_value(value, strict_numbers=strict_numbers)
+    return value
+
+
+def _printable(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def check_json_value(value: Any, *, strict_numbers: bool = True) -> None:
+    """Raise ``UnsafeJSONError`` naming the first place where decoded JSON ``value`` is unsafe (see ``loads_json``)."""
+    stack: list[tuple[Any, str, int]] = [(value, "", 0)]  # iterative: the check itself must not recurse
+    while stack:
+        item, path, depth = stack.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                raise UnsafeJSONError(path, "a string holds a lone surrogate (\\ud800-\\udfff)")
+        elif isinstance(item, float | int) and not isinstance(item, bool):
+            if strict_numbers and not abs(item) <= sys.float_info.max:  # also NaN and inf; exact for ints
+                raise UnsafeJSONError(path, "a number is outside the finite double range")
+        elif isinstance(item, dict | list):
+            if depth >= MAX_JSON_DEPTH:
+                raise UnsafeJSONError(path, f"nested deeper than {MAX_JSON_DEPTH} levels")
+            if isinstance(item, dict):
+                children = []
+                for key, child in item.items():
+                    key_path = f"{path}.{_printable(key)}" if path else _printable(key)
+                    if _SURROGATE.search(key):
+                        raise UnsafeJSONError(key_path, "a key holds a lone surrogate (\\ud800-\\udfff)")
+                    children.append((child, key_path, depth + 1))
+            else:
+                children = [(child, f"{path}[{i}]", depth + 1) for i, child in enumerate(item)]
+            stack.extend(reversed(children))
 
 
 def _decode_error(exc: ValueError) -> str:
@@ -158,7 +225,7 @@ def _parse_blocks(text: str) -> list[ToolCall | CallError]:
 
 def _parse_block(body: str) -> list[ToolCall | CallError]:
     try:
-        value = _loads(body.strip())
+        value = loads_json(body.strip())
     except ValueError as exc:
         return [CallError("JSON_DECODE_ERROR", f"tool call is {_decode_error(exc)}")]
     if isinstance(value, list):
@@ -193,7 +260,7 @@ def _decode_argument_string(text: str) -> Any:
     if not text.strip():
         return {}
     try:
-        return _loads(text)
+        return loads_json(text)
     except ValueError:
         return text
 
@@ -276,7 +343,7 @@ def parse_execution_result(text: str) -> ExecutionResult:
     if match is None:
         return _result_error("MALFORMED_EXECUTION_RESULT", f"{RESULT_OPEN} is never closed with {RESULT_CLOSE}")
     try:
-        value = _loads(match.group(1).strip())
+        value = loads_json(match.group(1).strip())
     except ValueError as exc:
         return _result_error("RESULT_JSON_DECODE_ERROR", f"execution result is {_decode_error(exc)}")
     if not (isinstance(value, list) or (isinstance(value, dict) and value)):
