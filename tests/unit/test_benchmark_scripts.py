@@ -165,7 +165,7 @@ def test_vs_trl_without_trl_names_the_install_command(monkeypatch) -> None:
     vs_trl = _script("vs_trl")
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "trl" else real(name, *a))
-    with pytest.raises(SystemExit, match=r"needs trl: \.venv/bin/pip install -e '\.\[vs-trl\]'"):
+    with pytest.raises(SystemExit, match=r"needs trl( and datasets)?: \.venv/bin/pip install -e '\.\[vs-trl\]'"):
         vs_trl.main(["--pairs", "1"])
 
 
