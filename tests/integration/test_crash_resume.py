@@ -134,3 +134,17 @@ def test_a_checkpoint_holding_code_is_refused(tmp_path: Path) -> None:
     torch.save({"global_step": 1, "hook": os.system}, tmp_path / "evil.ckpt")  # would call os.system on unpickling
     with pytest.raises(CheckpointError, match="holds objects other than plain data"):
         AtomicCheckpointIO().load_checkpoint(tmp_path / "evil.ckpt")
+
+
+def test_random_states_of_another_rank_count_are_not_applied() -> None:
+    """Resuming on a different number of ranks restores everything but the random states, with a warning."""
+    from envace.checkpoint import rng_state
+    from envace.module import EnvACEModule
+    from envace.policy import TinyPolicy
+
+    module = EnvACEModule(policy=TinyPolicy())
+    with pytest.warns(UserWarning, match="random states of 2 rank"):
+        module.on_load_checkpoint({"envace_rng": [rng_state(), rng_state()]})
+    assert module._pending_rng is None
+    module.on_load_checkpoint({"envace_rng": [rng_state()]})
+    assert module._pending_rng is not None  # applied when the next rollout starts
