@@ -56,10 +56,13 @@ class AlignmentRows:
         """Alignment rows of the live pairs of ``episodes`` (at most ``max_rows``, in episode order).
 
         A live pair is a call answered by a real environment or the cache, or any call of an audited episode: the
-        rehearse prompt with the episode's own history, and the real response as the target.
+        rehearse prompt with the episode's own history, and the real response as the target. Failed episodes
+        give none (their environment may have been left in an unknown state).
         """
         out: list[Sample] = []
         for episode in episodes:
+            if episode.stats.failed:
+                continue
             for rehearsal in episode.rehearsals:
                 if len(out) >= max_rows:
                     return out

@@ -20,7 +20,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, replace
 
-from envace.envs.real import RealEnvironment
+from envace.envs.real import DEFAULT_TOOL_TIMEOUT_S, EnvironmentUnusable, RealEnvironment
 from envace.fidelity import canonical_text, rehearsal_target
 from envace.rewards.base import Reward
 from envace.types import Episode
@@ -55,21 +55,27 @@ class WorldAudit:
             one real call per call of the episode; they are counted apart from the calls that answer the act
             role).
         seed: seed of the selection.
+        tool_timeout_s: most seconds the replay's environment constructor and each call may take (0: no limit); a
+            replay that raises or times out fails its episode (``EpisodeStats.failed``), never the step.
     """
 
     fraction: float = 0.25
     seed: int = 0
+    tool_timeout_s: float = DEFAULT_TOOL_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.fraction <= 1.0:
             raise ValueError(f"audit.fraction must be in [0, 1], got {self.fraction}")
+        if not self.tool_timeout_s >= 0:
+            raise ValueError(f"audit.tool_timeout_s must be >= 0 (0: no limit), got {self.tool_timeout_s}")
 
     def select(self, episodes: list[Episode], step: int) -> list[Episode]:
         """The episodes to replay at ``step``.
 
-        A reproducible ``fraction`` of those with a rehearsed response and a real environment.
+        A reproducible ``fraction`` of those with a rehearsed response and a real environment (failed episodes
+        excluded).
         """
-        candidates = [e for e in episodes if e.task.environment is not None and rehearsed(e)]
+        candidates = [e for e in episodes if e.task.environment is not None and rehearsed(e) and not e.stats.failed]
         rng = random.Random(f"{self.seed}:{step}")
         return [e for e in candidates if rng.random() < self.fraction]
 
@@ -79,22 +85,27 @@ def rehearsed(episode: Episode) -> bool:
     return any(r.source in ("rehearse", "frozen") for r in episode.rehearsals)
 
 
-def replay(episode: Episode) -> AuditResult:
+def replay(episode: Episode, timeout_s: float = DEFAULT_TOOL_TIMEOUT_S) -> AuditResult:
     """Execute ``episode``'s calls in order on a fresh real environment and compare the responses.
 
-    Sets each ``Rehearsal.real`` and ``episode.audit``.
+    Sets each ``Rehearsal.real`` and ``episode.audit`` (only once every call was replayed).
 
     Raises:
         ValueError: the task has no real environment.
+        EnvironmentUnusable: a call took longer than ``timeout_s`` (its timeout error is no real response).
+        Exception: what the environment's constructor or a toolbox's ``call_tool`` raised.
     """
     if episode.task.environment is None:
         raise ValueError(f"task '{episode.task.id}' has no 'environment'; an audit replays calls on it")
-    env = RealEnvironment(episode.task.environment)
+    env = RealEnvironment(episode.task.environment, timeout_s)
     real, exact = [], []
     for rehearsal in episode.rehearsals:
         content, _ = env.execute(rehearsal.call)
-        rehearsal.real = content
+        if env.unusable is not None:
+            raise EnvironmentUnusable(env.unusable)
         real.append(content)
+    for rehearsal, content in zip(episode.rehearsals, real):
+        rehearsal.real = content
         exact.append(float(canonical_text(rehearsal.content) == canonical_text(rehearsal_target(content))))
     departures = [i for i, e in enumerate(exact) if e < 1.0]
     result = AuditResult(real, exact, departures[0] if departures else len(exact), bool(departures))

@@ -32,6 +32,12 @@ def peer_max(count: int, device: torch.device) -> int:
     return int(value.item())
 
 
+def peer_any(flags: torch.Tensor) -> torch.Tensor:
+    """``flags`` (0/1 floats) set wherever any rank of the default process group set them (in place, one collective)."""
+    torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+    return flags
+
+
 def full_params_context(strategy: Any) -> Callable[[], AbstractContextManager[object]] | None:
     """For Lightning's ``FSDPStrategy`` (``strategy: fsdp``): a context that gathers the full weights to generate.
 

@@ -18,19 +18,24 @@ def _mean(values: list[float]) -> float:
 
 
 def rollout_metrics(episodes: list[Episode]) -> dict[str, float]:
-    """Aggregate counters of one batch of episodes, keyed by metric name (role suffix ``_act`` / ``_rehearse``)."""
+    """Aggregate counters of one batch of episodes, keyed by metric name (role suffix ``_act`` / ``_rehearse``).
+
+    Rewards and success are means over the episodes that did not fail (a failed episode has no reward);
+    ``failed_episodes`` counts the others.
+    """
     stats = [e.stats for e in episodes]
-    rehearsals = [r for e in episodes for r in e.rehearsals if r.sample is not None]
-    reh_success = [float(e.success) for e in episodes for r in e.rehearsals if r.sample is not None]
+    scored = [e for e in episodes if not e.stats.failed]
+    rehearsals = [r for e in scored for r in e.rehearsals if r.sample is not None]
+    reh_success = [float(e.success) for e in scored for r in e.rehearsals if r.sample is not None]
     act_turns = sum(s.act_turns for s in stats)
     world_calls = sum(len(e.rehearsals) for e in episodes)  # every call a world answered, real ones included
     rehearsed = sum(s.rehearse_calls for s in stats)  # the calls a model wrote the response of
     attempted = sum(len(e.calls) + s.unknown_tools + s.invalid_arguments for e, s in zip(episodes, stats))
     n = len(episodes)
     return {
-        "reward_act": _mean([e.reward for e in episodes]),
+        "reward_act": _mean([e.reward for e in scored]),
         "reward_rehearse": _mean([r.reward for r in rehearsals]),
-        "success_act": _mean([float(e.success) for e in episodes]),
+        "success_act": _mean([float(e.success) for e in scored]),
         "success_rehearse": _mean(reh_success),
         "tokens_act": float(sum(e.act.role_ids.count(int(Role.ACT)) for e in episodes)),
         "tokens_rehearse": float(sum(r.sample.loss_mask.count(1) for r in rehearsals if r.sample is not None)),
@@ -57,7 +62,18 @@ def rollout_metrics(episodes: list[Episode]) -> dict[str, float]:
         "private_rehearsals_per_episode": _rate(sum(s.private_rehearsals for s in stats), n),  # test-time attempts
         "private_tokens_per_episode": _rate(sum(s.private_tokens for s in stats), n),
         "private_real_calls": float(sum(s.private_real_calls for s in stats)),  # always 0: rehearsal is private
+        "failed_episodes": float(sum(s.failed for s in stats)),  # environment, world or reward raised: not trained
+        "tool_timeouts": float(sum(s.tool_timeouts for s in stats)),  # real calls past the world's tool timeout
     }
+
+
+def failure_causes(episodes: list[Episode]) -> dict[str, list[str]]:
+    """The failed episodes' task ids by failure cause (in first-seen order), for one warning per cause."""
+    causes: dict[str, list[str]] = {}
+    for episode in episodes:
+        if episode.stats.failed:
+            causes.setdefault(episode.stats.failure, []).append(episode.task.id)
+    return causes
 
 
 ROLLOUT_METRICS: tuple[str, ...] = tuple(rollout_metrics([]))

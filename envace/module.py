@@ -9,6 +9,7 @@ loss code live in their own small modules.
 from __future__ import annotations
 
 import copy
+import logging
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
@@ -25,7 +26,7 @@ from envace.alignment import AlignmentRows, DemonstrationRows
 from envace.audit import WorldAudit
 from envace.base_module import PolicyModule
 from envace.checkpoint import rng_state, set_rng_state
-from envace.distributed import fully_shard_layers, peer_max
+from envace.distributed import fully_shard_layers, peer_any, peer_max
 from envace.evaluation import PolicyEvaluator, policy_engine
 from envace.fidelity import reference_probes, rehearse_probes
 from envace.guard import CollusionGuard
@@ -33,7 +34,7 @@ from envace.logprobs import token_logps
 from envace.losses.aggregation import TokenAggregator, TokenMean, role_weights
 from envace.losses.objective import LossWeights, envace_objective
 from envace.losses.policy import ClippedPolicyLoss
-from envace.metrics import rollout_metrics
+from envace.metrics import failure_causes, rollout_metrics
 from envace.policy.chat import check_chat_template
 from envace.policy.hf import Policy, adapter_context
 from envace.private_rehearsal import PrivateRehearsal, Selector
@@ -44,11 +45,16 @@ from envace.rewards.task_success import TaskSuccess
 from envace.rollout.collate import RolloutBatch, collate, role_rows
 from envace.rollout.runner import EpisodeRunner, RolloutConfig
 from envace.scoring import score_episodes
-from envace.types import Episode, Role, Task
+from envace.types import Episode, Role, Sample, Task
 from envace.update import GRPOConfig, mean_stats, pack_rows, sum_heads
 from envace.users import ModelUser
 from envace.worlds.base import World
 from envace.worlds.rehearse import RehearseWorld, alignment_prompter
+
+log = logging.getLogger(__name__)
+
+NONFINITE_CHECKS = ("loss_act", "loss_rehearse", "loss_align", "loss_imitate", "kl", "loss")
+"""The objective's heads (and total) whose finiteness an optimiser step checks, besides the gradient."""
 
 
 class EnvACEModule(PolicyModule):
@@ -132,6 +138,9 @@ class EnvACEModule(PolicyModule):
         self.real_calls_saved_total = 0  # calls answered without a real execution, over the whole run
         self._live_steps = 0  # training steps since live fidelity was last logged
         self._pending_rng: dict[str, Any] | None = None  # random states of a restored checkpoint, for the next rollout
+        self._nonfinite_streak = 0  # consecutive optimiser steps skipped for a non-finite loss or gradient
+        self._nonfinite_skips = 0  # optimiser steps skipped so far in this training step
+        self._failed_streak = 0  # consecutive training steps whose every episode failed
         self.automatic_optimization = False
         self.policy = policy
         self.world = world if world is not None else RehearseWorld()
@@ -233,6 +242,9 @@ class EnvACEModule(PolicyModule):
                 samples += self.alignment.live_rows(episodes, self.grpo.align_live_max)
         if self.grpo.imitate_weight > 0:
             samples += self.demonstrations.rows(tasks)
+        if not samples:  # every episode failed: one zero-weight row, so this rank can still join its peers' passes
+            pad = self.tokenizer.pad_token_id
+            samples = [Sample([pad], [int(Role.SYSTEM)], [0], Role.ACT, -1, -1, reward=float("nan"))]
         temps = {Role.ACT: self.rollout.act_temperature, Role.REHEARSE: self.rollout.rehearse_temperature}
         temperatures = [1.0 if s.align else temps[s.role] for s in samples]
         batch = collate(samples, temperatures, self.tokenizer.pad_token_id)
@@ -261,16 +273,19 @@ class EnvACEModule(PolicyModule):
         batch, _, _ = next(dataloader_iter)
         batch = batch.to(self.device)
         start = time.perf_counter()
-        self._behaviour_logps(batch)
+        self._nonfinite_skips = 0
         step_stats: list[dict[str, Tensor]] = []
-        for _ in range(self.grpo.ppo_epochs):
-            for rows in self._mini_batches(len(batch)):
-                if self._budget_spent():
-                    break
-                step_stats.append(self._optimise(batch.rows(rows)))
+        if not self._all_failed(batch.episodes):  # failed episodes have no rows; all failed: nothing to learn from
+            self._behaviour_logps(batch)
+            for _ in range(self.grpo.ppo_epochs):
+                for rows in self._mini_batches(len(batch)):
+                    if self._budget_spent():
+                        break
+                    step_stats.append(self._optimise(batch.rows(rows)))
         metrics = mean_stats(step_stats)
         metrics.update(rollout_metrics(batch.episodes))
         metrics.update(batch.metrics)
+        metrics["nonfinite_skips"] = float(self._nonfinite_skips)
         metrics["update_time_s"] = time.perf_counter() - start
         metrics["rows"] = float(len(batch))
         spent = sum(e.stats.real_calls for e in batch.episodes) + int(metrics.get("real_calls_audit", 0))
@@ -283,6 +298,33 @@ class EnvACEModule(PolicyModule):
         self.log_dict({f"train/{k}": float(v) for k, v in metrics.items()}, batch_size=len(batch.episodes),
                       sync_dist=self.trainer.world_size > 1)
         self._log_live_fidelity()
+
+    def _all_failed(self, episodes: list[Episode]) -> bool:
+        """Warn once per failure cause; True when every episode of every rank failed (the update is then skipped).
+
+        Reduced over ranks, so every rank makes the same collective calls: all skip, or none does (a rank whose
+        episodes all failed joins its peers' passes with a zero-weight row).
+        """
+        step = int(self.global_step)
+        where = f"rank {self.global_rank}, " if self.trainer.world_size > 1 else ""
+        for cause, ids in failure_causes(episodes).items():
+            tasks = list(dict.fromkeys(ids))
+            shown = ", ".join(tasks[:5]) + (f" and {len(tasks) - 5} more" if len(tasks) > 5 else "")
+            log.warning("%sstep %d: %d episode(s) failed and are left out of the update: %s (tasks: %s)",
+                        where, step, len(ids), cause, shown)
+        failed = bool(episodes) and all(e.stats.failed for e in episodes)
+        if self.trainer.world_size > 1:
+            failed = bool(self.trainer.strategy.reduce_boolean_decision(failed, all=True))
+        self._failed_streak = self._failed_streak + 1 if failed else 0
+        limit = self.grpo.max_failed_steps
+        if failed and 0 < limit <= self._failed_streak:
+            causes = "; ".join(failure_causes(episodes)) or "see the warnings above"
+            raise RuntimeError(f"{self._failed_streak} training steps in a row had every episode fail (the last at "
+                               f"step {step}: {causes}); training stops (grpo.max_failed_steps={limit})")
+        if failed:
+            rank_zero_warn(f"step {step}: every episode of the rollout failed; the update is skipped "
+                           "(train/failed_episodes, and the warnings above name the causes)")
+        return failed
 
     def _log_live_fidelity(self) -> None:
         """Every ``log_every_n_steps`` training steps, the live fidelity of the probes since the last time.
@@ -453,6 +495,12 @@ class EnvACEModule(PolicyModule):
             stats.append(micro_stats)
         for _ in range(passes - len(micro_batches)):
             self._join_peers(self.model, backward=True)
+        nonfinite = self._nonfinite(stats, optimizer)
+        if nonfinite:  # skipped on every rank (the flags are reduced): no rank steps while another skips
+            optimizer.zero_grad(set_to_none=True)
+            self._skip_nonfinite(nonfinite)
+            return {}
+        self._nonfinite_streak = 0
         if self.grpo.grad_clip > 0:
             self.clip_gradients(optimizer, gradient_clip_val=self.grpo.grad_clip, gradient_clip_algorithm="norm")
         optimizer.step()
@@ -461,6 +509,41 @@ class EnvACEModule(PolicyModule):
             scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         return sum_heads(stats)
+
+    def _nonfinite(self, stats: list[dict[str, Tensor]], optimizer: Any) -> list[str]:
+        """The loss heads (``NONFINITE_CHECKS``) and ``grad_norm`` that are not finite on some rank; [] if none.
+
+        One collective on several ranks, so every rank gets the same answer. The gradient is checked on the
+        optimiser's own parameters (this rank's shard under FSDP), except under a float16 ``GradScaler``, whose own
+        step skips overflowing gradients and lowers its scale (skipping before it would keep the scale too high).
+        """
+        flags = torch.zeros(len(NONFINITE_CHECKS) + 1, device=self.device)  # [H + 1]
+        if stats:
+            heads = torch.stack([torch.stack([s[h].float() for h in NONFINITE_CHECKS]) for s in stats])  # [M, H]
+            flags[:-1] = (~torch.isfinite(heads)).any(0).float()
+        scaled = getattr(self.trainer.precision_plugin, "scaler", None) is not None
+        grads = [] if scaled else [p.grad for group in optimizer.param_groups for p in group["params"]
+                                   if p.grad is not None]
+        grads = [g.to_local() if hasattr(g, "to_local") else g for g in grads]  # FSDP2: this rank's shard
+        if grads:
+            flags[-1] = (~torch.stack([torch.isfinite(g).all() for g in grads]).all()).float()
+        if self.trainer.world_size > 1:
+            peer_any(flags)
+        return [name for name, flag in zip((*NONFINITE_CHECKS, "grad_norm"), flags.tolist()) if flag]
+
+    def _skip_nonfinite(self, nonfinite: list[str]) -> None:
+        """Count a skipped optimiser step; stop training after ``grpo.max_nonfinite_steps`` in a row."""
+        self._nonfinite_skips += 1
+        self._nonfinite_streak += 1
+        step, names = int(self.global_step), ", ".join(nonfinite)
+        limit = self.grpo.max_nonfinite_steps
+        if 0 < limit <= self._nonfinite_streak:
+            raise RuntimeError(
+                f"{self._nonfinite_streak} consecutive optimiser steps had a non-finite loss or gradient (the last at "
+                f"optimiser step {step}: non-finite {names}); training stops (grpo.max_nonfinite_steps={limit}). "
+                "Check the rewards and advantages, lower the learning rate, or train in float32")
+        rank_zero_warn(f"optimiser step {step}: non-finite {names}; the step is skipped (gradients zeroed), "
+                       f"{self._nonfinite_streak} in a row")
 
     def _micro_loss(self, micro: RolloutBatch, w: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         logps, entropy = token_logps(

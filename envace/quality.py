@@ -9,6 +9,7 @@ episodes), so that ranks can reduce them together.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import Any
 
@@ -18,7 +19,7 @@ from envace.audit import WorldAudit, replay, sim_to_real
 from envace.fidelity import LiveFidelity
 from envace.guard import CollusionGuard
 from envace.rewards.base import Reward
-from envace.types import Episode
+from envace.types import Episode, error_text
 from envace.worlds.base import World
 from envace.worlds.cache import ResponseCache
 
@@ -29,6 +30,19 @@ WINDOW = 64
 def _mean(values: Any) -> float:
     values = list(values)
     return sum(values) / len(values) if values else 0.0
+
+
+def _gap(episode: Episode, rewards: list[Reward]) -> float | None:
+    """The audited episode's sim-to-real gap, or None after failing the episode (a reward raised or was not finite)."""
+    try:
+        gap = sim_to_real(episode, rewards)
+    except Exception as exc:  # noqa: BLE001 - fails this episode only
+        episode.stats.fail(f"reward on the audited real responses: {error_text(exc)}")
+        return None
+    if not math.isfinite(gap):
+        episode.stats.fail(f"reward on the audited real responses: not finite ({gap})")
+        return None
+    return gap
 
 
 class WorldQuality(nn.Module):
@@ -65,19 +79,33 @@ class WorldQuality(nn.Module):
     def replay(self, episodes: list[Episode], step: int) -> list[Episode]:
         """Replay the selected rehearsed episodes in the real environment; returns them.
 
-        Call before scoring: shaping reads the real responses.
+        Call before scoring: shaping reads the real responses. A replay that raises or times out fails its episode
+        (``EpisodeStats.failed``), which is then not audited.
         """
         if self.audit is None:
             return []
-        audited = self.audit.select(episodes, step)
-        for episode in audited:
-            replay(episode)
+        audited = []
+        for episode in self.audit.select(episodes, step):
+            try:
+                replay(episode, self.audit.tool_timeout_s)
+            except Exception as exc:  # noqa: BLE001 - fails this episode only
+                episode.stats.fail(f"audit replay in {episode.task.environment.class_path}: {error_text(exc)}")
+                continue
+            audited.append(episode)
         return audited
 
     def after_scoring(self, episodes: list[Episode], audited: list[Episode], rewards: list[Reward]) -> dict[str, float]:
-        """Gaps, guard, probes: everything that needs scored episodes; returns this step's metrics."""
-        gaps = [sim_to_real(e, rewards) for e in audited]
-        for episode, gap in zip(audited, gaps):
+        """Gaps, guard, probes: everything that needs scored episodes; returns this step's metrics.
+
+        Episodes that failed (in scoring, or here: a reward that raises on the real responses) are left out.
+        """
+        measured, gaps = [], []
+        for episode in audited:
+            gap = None if episode.stats.failed else _gap(episode, rewards)
+            if gap is not None:
+                measured.append(episode)
+                gaps.append(gap)
+        for episode, gap in zip(measured, gaps):
             audit = episode.audit
             self._horizons.append(float(audit.horizon))
             self._departed.append(float(audit.departed))
@@ -110,9 +138,11 @@ class WorldQuality(nn.Module):
                 "collusion_penalized": float(penalized)}
 
     def state_dict_extra(self) -> dict[str, Any]:
-        """What a resumed run needs: the guard's window and alarm, and the hybrid world's grounding boost."""
+        """What a resumed run needs: the guard's window and alarm, the hybrid world's grounding boost and its cache."""
+        cache = _response_cache(self.world)
         return {"guard": self.guard.state_dict() if self.guard is not None else None,
-                "world_boost": float(getattr(self.world, "boost", 0.0)), "audited_total": self.audited_total}
+                "world_boost": float(getattr(self.world, "boost", 0.0)), "audited_total": self.audited_total,
+                "world_cache": cache.state_dict() if cache is not None else None}
 
     def load_state_dict_extra(self, state: dict[str, Any]) -> None:
         """Restore ``state_dict_extra``'s output."""
@@ -121,7 +151,16 @@ class WorldQuality(nn.Module):
         if hasattr(self.world, "boost"):
             self.world.boost = float(state.get("world_boost", 0.0))  # type: ignore[attr-defined]
         self.audited_total = int(state.get("audited_total", 0))
+        cache = _response_cache(self.world)
+        if cache is not None and state.get("world_cache") is not None:
+            cache.load_state_dict(state["world_cache"])
 
     def fidelity_logs(self) -> dict[str, float]:
         """The live fidelity since the last call (synced over ranks), keyed ``<metric>`` and ``<tool>/<metric>``."""
         return self.live.compute_and_reset()
+
+
+def _response_cache(world: Any) -> ResponseCache | None:
+    """The world's response cache of recorded real answers (hybrid and cache worlds), if it has one."""
+    cache = getattr(world, "cache", None)
+    return cache if isinstance(cache, ResponseCache) else None

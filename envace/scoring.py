@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+
 from envace.rewards.base import Reward
 from envace.rewards.shaping import PredictionErrorShaping
 from envace.rewards.task_success import task_score
-from envace.types import Episode
+from envace.types import Episode, error_text
 from envace.worlds.cache import ResponseCache
 
 
@@ -21,18 +24,61 @@ def score_episodes(
     task success) plus, with ``shaping``, a penalty growing with its response's distance to the real response of the
     same call in the same state, where that is known: from an audit replay or a real answer (``Rehearsal.real``),
     else from ``recorded`` (default: the tasks' reference trajectories), see ``attach_recorded``.
+
+    Fault isolation: a reward (or the shaping) that raises or returns a non-finite value for an episode fails that
+    episode (``EpisodeStats.fail``, the cause naming the reward class and the error), never the step. A failed
+    episode (here or earlier in the rollout) is not rewarded: ``reward`` 0, ``success`` False, and its rows' rewards
+    NaN, the advantage estimator's "not applicable" (``Episode.samples`` already gives it no training rows).
     """
     if shaping is not None:
         attach_recorded(episodes, recorded if recorded is not None else ResponseCache())
     for episode in episodes:
-        episode.reward = float(sum(reward(episode) for reward in rewards))
-        episode.success = task_score(episode.task, episode.calls, episode.final_answer) >= 1.0 - 1e-9
-        episode.act.reward = episode.reward
-        for rehearsal in episode.rehearsals:
-            extra = shaping(rehearsal) if shaping is not None else None
-            rehearsal.reward = episode.reward + (extra or 0.0)
-            if rehearsal.sample is not None:
-                rehearsal.sample.reward = rehearsal.reward
+        if not episode.stats.failed:
+            _score(episode, rewards, shaping)
+        if episode.stats.failed:
+            episode.reward, episode.success = 0.0, False
+            episode.act.reward = float("nan")
+            for rehearsal in episode.rehearsals:
+                rehearsal.reward = float("nan")
+                if rehearsal.sample is not None:
+                    rehearsal.sample.reward = rehearsal.reward
+
+
+def _score(episode: Episode, rewards: list[Reward], shaping: PredictionErrorShaping | None) -> None:
+    """Reward one episode and its rows; on a reward that raises or is not finite, fail the episode instead."""
+    total = 0.0
+    for reward in rewards:
+        value = _call(episode, f"reward {type(reward).__name__}", lambda reward=reward: reward(episode))
+        if value is None:
+            return
+        total += value
+    extras = []
+    for rehearsal in episode.rehearsals:
+        extra = _call(episode, f"shaping {type(shaping).__name__}", lambda r=rehearsal: shaping(r)) if shaping else 0.0
+        if extra is None:
+            return
+        extras.append(extra)
+    episode.reward = total
+    episode.success = task_score(episode.task, episode.calls, episode.final_answer) >= 1.0 - 1e-9
+    episode.act.reward = episode.reward
+    for rehearsal, extra in zip(episode.rehearsals, extras):
+        rehearsal.reward = episode.reward + extra
+        if rehearsal.sample is not None:
+            rehearsal.sample.reward = rehearsal.reward
+
+
+def _call(episode: Episode, where: str, fn: Callable[[], float | None]) -> float | None:
+    """``fn()`` as a finite float (a None shaping is 0), or None after failing ``episode`` with the cause."""
+    try:
+        value = fn()
+        value = 0.0 if value is None else float(value)
+    except Exception as exc:  # noqa: BLE001 - a broken reward fails this episode only
+        episode.stats.fail(f"{where}: {error_text(exc)}")
+        return None
+    if not math.isfinite(value):
+        episode.stats.fail(f"{where}: returned {value}")
+        return None
+    return value
 
 
 def attach_recorded(episodes: list[Episode], recorded: ResponseCache) -> None:

@@ -155,6 +155,13 @@ def canonical_json(value: Any) -> str:
     return json.dumps(_canonical_numbers(value), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
 
+def error_text(exc: BaseException, limit: int = 300) -> str:
+    """``"<ExcType>: <message>"`` on one line, cut to ``limit`` characters (failure causes, error observations)."""
+    message = " ".join(str(exc).split())
+    text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 @dataclass(frozen=True)
 class ToolCall:
     """A parsed, schema-valid tool call."""
@@ -253,6 +260,14 @@ class EpisodeStats:
     call_limit: bool = False  # ended by max_tool_calls
     context_limit: bool = False  # ended by the context cap
     ended_by_error: bool = False  # ended because an error was configured to end the episode
+    tool_timeouts: int = 0  # real tool calls that exceeded the world's tool timeout (answered with an error)
+    failed: bool = False  # infrastructure failure (environment, world or reward raised): no training rows, no reward
+    failure: str = ""  # the first failure's cause (component, exception type and message)
+
+    def fail(self, cause: str) -> None:
+        """Mark the episode failed (the first cause is kept)."""
+        if not self.failed:
+            self.failed, self.failure = True, cause
 
 
 @dataclass
@@ -292,7 +307,10 @@ class Episode:
     def samples(self) -> list[Sample]:
         """All training rows of this episode: the act row, then the trained rehearse rows.
 
-        An episode whose act role never spoke (its simulated user failed to open) has no act row.
+        An episode whose act role never spoke (its simulated user failed to open) has no act row; a failed episode
+        (``stats.failed``) has no rows at all, so it neither trains nor enters its group's baseline.
         """
+        if self.stats.failed:
+            return []
         act = [self.act] if self.act.token_ids else []
         return act + [r.sample for r in self.rehearsals if r.sample is not None]

@@ -42,6 +42,13 @@ class GRPOConfig:
             analogue of the alignment term: each step's tasks that keep a reference trajectory add it as a
             teacher-forced act row; 0 turns it off).
         grad_clip: gradient-norm clip (0 disables).
+        max_nonfinite_steps: an optimiser step whose loss (any head) or gradient is not finite is skipped (gradients
+            zeroed, no ``optimizer.step``; ranks agree); this many consecutive skips stop training with an error that
+            names the step and the heads. 0: never stop.
+        max_failed_steps: a training step whose every episode failed (a broken environment, reward or world) skips
+            its update; this many such steps in a row stop training with an error that names the causes (an
+            always-failing setup would otherwise loop forever, since skipped steps never reach ``max_steps``).
+            0: never stop.
     """
 
     group_size: int = 4
@@ -60,13 +67,16 @@ class GRPOConfig:
     align_live_max: int = 64
     grad_clip: float = 1.0
     imitate_weight: float = 0.0
+    max_nonfinite_steps: int = 3
+    max_failed_steps: int = 10
 
     def __post_init__(self) -> None:
         for name in ("group_size", "ppo_epochs", "mini_batches", "micro_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"grpo.{name} must be at least 1, got {getattr(self, name)}")
         for name in ("act_weight", "rehearse_weight", "align_weight", "kl_weight", "imitate_weight",
-                     "micro_batch_tokens", "grad_clip", "align_live_max"):
+                     "micro_batch_tokens", "grad_clip", "align_live_max", "max_nonfinite_steps",
+                     "max_failed_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"grpo.{name} must be >= 0, got {getattr(self, name)}")
 

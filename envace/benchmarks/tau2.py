@@ -231,18 +231,23 @@ class Tau2World:
         """Nothing to bind: the environment does not generate."""
 
     def open(self, task: Any) -> dict[str, Any]:
-        """A fresh environment in the task's initial state."""
-        handle = {"env": fresh_environment(self.tasks[task.id], self.domain, self.solo), "trajectory": []}
-        self.opened.append(handle)
+        """A fresh environment in the task's initial state (a constructor that raises fails the episode)."""
+        handle = {"env": None, "trajectory": []}
+        self.opened.append(handle)  # first: ``opened`` stays aligned with the episodes
+        handle["env"] = fresh_environment(self.tasks[task.id], self.domain, self.solo)
         return handle
 
     def respond(self, requests: list[Any], engine: Any, params: Any) -> list[Any]:
         """Each call as the agent's tau^2 tool call; the ToolMessage content is the response."""
-        from envace.worlds.base import ToolReply
+        from envace.worlds.base import ToolReply, failed_reply
 
         replies = []
         for req in requests:
-            content = execute_call(req.handle, req.call, "assistant")
+            try:
+                content = execute_call(req.handle, req.call, "assistant")
+            except Exception as exc:  # noqa: BLE001 - fails this episode only (tau^2 reports tool errors itself)
+                replies.append(failed_reply(f"tau^2 environment ({req.call.name})", exc, real_calls=1))
+                continue
             replies.append(ToolReply(content=content, ok=True, source="real", real_calls=1, real_content=content))
         return replies
 
@@ -306,10 +311,11 @@ def evaluate(tasks: list[Any], engine: Any, tokenizer: Any, domain: str = "telec
 
     Returns:
         ``{"rewards": {task id: [reward per trial]}, "pass_hat": {k: pass^k}, "floor": do-nothing reward,
-        "failed": {task id: trials whose simulated user failed}, "episodes": [...]}``. As upstream, a user-mode
-        episode scores only if the user ended it (``###STOP###``, ``###TRANSFER###``, ``###OUT-OF-SCOPE###``); one
-        cut by a budget scores 0. A trial whose user could not reply is an infrastructure failure: it is left out of
-        the rewards and reported under ``failed``.
+        "failed": {task id: trials whose simulated user or environment failed}, "episodes": [...]}``. As upstream, a
+        user-mode episode scores only if the user ended it (``###STOP###``, ``###TRANSFER###``,
+        ``###OUT-OF-SCOPE###``); one cut by a budget scores 0. A trial whose user could not reply, or whose
+        environment raised (``EpisodeStats.failed``), is an infrastructure failure: it is left out of the rewards and
+        reported under ``failed``.
     """
     from dataclasses import replace
 
@@ -337,7 +343,7 @@ def evaluate(tasks: list[Any], engine: Any, tokenizer: Any, domain: str = "telec
     failed: dict[str, int] = {}
     for episode, handle in zip(episodes, world.opened):
         task_id = episode.task.id
-        if episode.stats.user_failures:
+        if episode.stats.user_failures or episode.stats.failed:  # never scored against the agent
             failed[task_id] = failed.get(task_id, 0) + 1
             continue
         ended = solo or episode.stats.user_stop

@@ -51,8 +51,12 @@ class VitaWorld(RealWorld):
         self.opened: list[RealEnvironment] = []
 
     def open(self, task: Task) -> RealEnvironment:
-        """Instantiate the task's environment (a ``VitaToolbox``) and keep it."""
-        handle = super().open(task)
+        """Instantiate the task's environment (a ``VitaToolbox``) and keep it (None if it raised: the episode fails)."""
+        try:
+            handle = super().open(task)
+        except Exception:
+            self.opened.append(None)  # keeps ``opened`` aligned with the episodes
+            raise
         self.opened.append(handle)
         return handle
 
@@ -119,9 +123,10 @@ def evaluate_vita(
         ``vita_scoring.score_vita``'s result over the scored episodes (``episodes`` rows, each also with
         ``trajectory``, ``final_orders`` and, when a budget ended it, ``premature``; ``judge_failures``, ``scored``,
         ``avg_reward``, ``avg_rubric_score``, ``pass_hat``, ``pass_at``, ``order_match_unofficial``), plus
-        ``rewards`` (task id -> reward per scored trial), ``failed`` (task id -> trials whose simulated user failed)
-        and ``user_failures`` (their rows), ``premature`` (episodes a budget ended, scored 0 without a judge call,
-        and their reasons), ``judged`` and ``judge_calls``, and ``rollouts`` (every ``Episode``, in run order).
+        ``rewards`` (task id -> reward per scored trial), ``failed`` (task id -> trials whose simulated user or
+        environment failed) and ``user_failures`` (their rows, with the reason), ``premature`` (episodes a budget
+        ended, scored 0 without a judge call, and their reasons), ``judged`` and ``judge_calls``, and ``rollouts``
+        (every ``Episode``, in run order).
 
     Raises:
         ValueError: ``trials`` below 1.
@@ -136,7 +141,7 @@ def evaluate_vita(
     groups = [i // trials for i in range(len(runs))]
     episodes = EpisodeRunner(tokenizer, config).run([t for _, _, t in runs], groups, engine, world,
                                                     user=_simulator(user))
-    done = [_Run(task, trial, episode, final_orders(handle))
+    done = [_Run(task, trial, episode, final_orders(handle) if handle is not None else [])
             for (task, trial, _), episode, handle in zip(runs, episodes, world.opened)]
     return _score(done, judge)
 
@@ -152,8 +157,8 @@ def _verdicts(runs: list[_Run], judge: RubricJudge) -> list[Verdict]:
 
 def _score(runs: list[_Run], judge: RubricJudge) -> dict[str, Any]:
     """``evaluate_vita``'s result from its finished runs."""
-    lost = [r for r in runs if r.episode.stats.user_failures]
-    kept = [r for r in runs if not r.episode.stats.user_failures]
+    lost = [r for r in runs if r.episode.stats.user_failures or r.episode.stats.failed]  # never scored as the agent's
+    kept = [r for r in runs if not (r.episode.stats.user_failures or r.episode.stats.failed)]
     verdicts = _verdicts(kept, judge)
     result = summarise([r.task for r in kept], verdicts, [r.orders for r in kept], [r.trial for r in kept])
     for row, run in zip(result["episodes"], kept):
@@ -166,7 +171,8 @@ def _score(runs: list[_Run], judge: RubricJudge) -> dict[str, Any]:
     result.update(
         rewards=rewards,
         failed=dict(Counter(r.task.id for r in lost)),
-        user_failures=[{"task_id": r.task.id, "trial": r.trial, "reason": USER_FAILURE} for r in lost],
+        user_failures=[{"task_id": r.task.id, "trial": r.trial, "reason": r.episode.stats.failure or USER_FAILURE}
+                       for r in lost],
         premature={"episodes": len(premature), "reasons": dict(Counter(premature)),
                    "note": "ended by a budget, not by the user: scored 0 without a judge call, as in VitaBench"},
         judged=len(verdicts) - len(premature),

@@ -4,6 +4,10 @@ Each micro-step does at most two batched generations: one for every episode wait
 (inside the world) for every tool call waiting on a response. An episode alternates ACT -> WORLD -> ACT ... until the
 act role answers in plain text or a budget ends it. Malformed model output never raises: it is counted in
 ``EpisodeStats`` and answered with a structured error tool message (or ends the episode, if so configured).
+
+Faults are isolated per episode: a world whose ``open`` raises (the environment's constructor), a reply that carries a
+``failure`` (a toolbox that raised, an environment left unusable by a timed-out call), or a ``respond`` that raises
+(every episode of that batch) fails the episode (``EpisodeStats.fail``) and ends it; the other episodes go on.
 """
 
 from __future__ import annotations
@@ -18,9 +22,9 @@ from envace.policy.chat import decode
 from envace.roles.parsing import CallError, parse_act_output, validate_call
 from envace.rollout.engine import Engine, Generation, SamplingParams, sessions
 from envace.rollout.stream import TokenStream, append_messages, prompt_stream
-from envace.types import Episode, Rehearsal, Role, Sample, Task, ToolCall
+from envace.types import Episode, Rehearsal, Role, Sample, Task, ToolCall, error_text
 from envace.users import UserRequest, UserSimulator
-from envace.worlds.base import ToolReply, ToolRequest, World
+from envace.worlds.base import ToolReply, ToolRequest, World, failed_reply
 
 ErrorPolicy = Literal["feedback", "end"]
 
@@ -175,7 +179,12 @@ class EpisodeRunner:
         act = Sample([], [], [], Role.ACT, episode_index=index, group_index=group)
         episode = Episode(task=task, group_index=group, messages=[dict(m) for m in messages], act=act)
         episode.stats.user_turns = 0 if opens else 1
-        return _Live(episode, stream, messages, world.open(task), awaiting_user=opens)
+        try:
+            handle = world.open(task)
+        except Exception as exc:  # noqa: BLE001 - fails this episode only
+            episode.stats.fail(f"{type(world).__name__}.open: {error_text(exc)}")
+            return _Live(episode, stream, messages, None, done=True)
+        return _Live(episode, stream, messages, handle, awaiting_user=opens)
 
     def _first_prompt(self, task: Task, messages: list[dict[str, Any]]) -> TokenStream:
         """The task's rendered first prompt: rendered once per task object in a run, copied for each episode."""
@@ -277,12 +286,20 @@ class EpisodeRunner:
                 self._dummy_generate(engine)
             replies: list[ToolReply] = []
         else:
-            replies = world.respond(requests, engine, self.config.rehearse_params())
+            try:
+                replies = world.respond(requests, engine, self.config.rehearse_params())
+            except Exception as exc:  # noqa: BLE001 - fails the episodes of this batch only
+                replies = [failed_reply(f"{type(world).__name__}.respond", exc, source="world") for _ in requests]
         answers = iter(replies)
         for s in states:
             pairs = [(r, next(answers) if isinstance(r, ToolRequest) else r) for r in s.pending]
             s.pending = []
             self._record(s, pairs)
+            failure = next((r.failure for _, r in pairs if isinstance(r, ToolReply) and r.failure), None)
+            if failure is not None:  # the episode cannot go on: nothing is delivered, it ends failed
+                s.episode.stats.fail(failure)
+                s.done = True
+                continue
             self._deliver(s, pairs)
             self._after_tools(s, pairs)
 
@@ -296,6 +313,7 @@ class EpisodeRunner:
                 stats.rehearse_calls += int(reply.source in ("rehearse", "frozen"))
                 stats.rehearse_parse_errors += int(reply.parse_error)
                 stats.rehearse_truncated += int(reply.truncated)
+                stats.tool_timeouts += reply.timeouts
                 s.episode.rehearsals.append(
                     Rehearsal(req.call, reply.content, reply.ok, reply.sample, source=reply.source,
                               real=reply.real_content, probe=reply.probe, request=req)

@@ -6,6 +6,7 @@ generates (rehearsal, frozen simulator) makes one batched ``generate`` call per 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -13,7 +14,7 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from envace.rollout.engine import Engine, SamplingParams
-from envace.types import Sample, Task, ToolCall
+from envace.types import Sample, Task, ToolCall, error_text
 
 
 @dataclass
@@ -55,6 +56,11 @@ class ToolReply:
             has not seen, so its state matches the episode's).
         real_content: the real environment's response, when the answer is real or cached (grounding target).
         probe: the live fidelity score of the policy's shadow rehearsal of this call (``envace.fidelity.ProbeScore``).
+        timeouts: real tool calls behind this answer that exceeded the tool timeout (its content is then the timeout
+            error, and ``real_content`` is None: an error of envace's making is no grounding target).
+        failure: the episode cannot go on (its environment could not be built, raised outside a tool, or is unusable
+            after a timeout): the cause, and the runner fails the episode (``EpisodeStats.failed``) instead of
+            delivering ``content``. None for every normal answer, tool errors included.
     """
 
     content: str
@@ -66,6 +72,15 @@ class ToolReply:
     real_calls: int = 0
     real_content: str | None = None
     probe: Any = None
+    timeouts: int = 0
+    failure: str | None = None
+
+
+def failed_reply(where: str, exc: BaseException, source: str = "real", real_calls: int = 0) -> ToolReply:
+    """The reply to a call whose episode fails: ``where`` names the component, ``exc`` what it raised."""
+    cause = f"{where}: {error_text(exc)}"
+    return ToolReply(content=json.dumps({"error": cause}, ensure_ascii=False), ok=False, source=source,
+                     real_calls=real_calls, failure=cause)
 
 
 class World(Protocol):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from envace.data.tasks import reference_calls
 from envace.types import Task, ToolCall, canonical_json
@@ -94,6 +95,18 @@ class ResponseCache:
         for call, content in reference_calls(task):
             self._entries.setdefault(self.key(task, earlier, call), content)
             earlier.append(call)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The recorded responses, the seeded task ids and the counters, as plain data (for checkpoints)."""
+        return {"entries": dict(self._entries), "seeded": sorted(self._seeded), "hits": self.hits,
+                "misses": self.misses}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore ``state_dict``'s output (merged with what a backing file already loaded; the first record wins)."""
+        for key, content in state.get("entries", {}).items():
+            self._entries.setdefault(key, content)
+        self._seeded.update(state.get("seeded", ()))
+        self.hits, self.misses = int(state.get("hits", 0)), int(state.get("misses", 0))
 
     def _load(self, path: Path) -> None:
         with path.open(encoding="utf-8") as f:

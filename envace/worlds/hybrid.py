@@ -25,10 +25,10 @@ from typing import Any, Literal
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from envace.envs.real import RealEnvironment
+from envace.envs.real import DEFAULT_TOOL_TIMEOUT_S, RealEnvironment
 from envace.rollout.engine import Engine, SamplingParams
 from envace.types import Task, ToolCall
-from envace.worlds.base import ToolReply, ToolRequest
+from envace.worlds.base import ToolReply, ToolRequest, failed_reply
 from envace.worlds.cache import ResponseCache
 from envace.worlds.rehearse import RehearseWorld, alignment_prompter
 
@@ -137,6 +137,9 @@ class HybridWorld:
         on_miss: who answers a cache miss: ``rehearse`` or ``real``.
         probe: shadow every real or cached answer with the policy's own rehearsal and score it (live fidelity).
         seed: seed of the backend draws.
+        tool_timeout_s: most seconds a real environment's constructor and each real call may take (0: no limit). A
+            call past it is answered with a timeout error (never cached) and its episode's environment is unusable:
+            the episode fails at its next real answer (``envace.envs.real``).
     """
 
     generates_with_policy = True  # exactly one policy generation per respond (rehearsals and probes batched)
@@ -150,7 +153,10 @@ class HybridWorld:
         on_miss: Literal["rehearse", "real"] = "rehearse",
         probe: bool = True,
         seed: int = 0,
+        tool_timeout_s: float = DEFAULT_TOOL_TIMEOUT_S,
     ) -> None:
+        if not tool_timeout_s >= 0:
+            raise ValueError(f"tool_timeout_s must be >= 0 (0: no limit), got {tool_timeout_s}")
         if granularity not in ("turn", "episode"):
             raise ValueError(f"granularity must be 'turn' or 'episode', got {granularity!r}")
         if on_miss not in ("rehearse", "real"):
@@ -162,6 +168,7 @@ class HybridWorld:
         self.on_miss = on_miss
         self.probe = probe
         self.seed = seed
+        self.tool_timeout_s = tool_timeout_s
         self.prompter = alignment_prompter(self.rehearse)  # the policy's own rehearse role, for the probes
         self.step = 0
         self.boost = 0.0  # rehearse probability moved to real and cache by a collusion guard
@@ -231,7 +238,8 @@ class HybridWorld:
             else:
                 replies[i] = reply
             ep.calls.append(req.call)
-        probes = [i for i, r in enumerate(replies) if r is not None and self.probe]
+        # real or cached answers only: a timeout or a failure has no real response to score the shadow against
+        probes = [i for i, r in enumerate(replies) if r is not None and r.real_content is not None and self.probe]
         self._generate(requests, replies, to_rehearse, probes, engine, params)
         return [r for r in replies if r is not None]
 
@@ -249,20 +257,32 @@ class HybridWorld:
         return None
 
     def _execute(self, ep: _Episode, call: ToolCall) -> ToolReply:
-        """Bring the episode's real environment up to date, then execute ``call`` on it."""
-        if ep.task.environment is None:
+        """Bring the episode's real environment up to date, then execute ``call`` on it.
+
+        A constructor or a toolbox that raises, or an environment left unusable by a timed-out call, fails the
+        episode (a failure reply); a timed-out call is answered with its timeout error, which is never cached.
+        """
+        spec = ep.task.environment
+        if spec is None:
             raise ValueError(f"task '{ep.task.id}' has no 'environment'; a hybrid world with a real share needs one")
-        if ep.env is None:
-            ep.env = RealEnvironment(ep.task.environment)
         spent = 0
-        for index in range(ep.synced, len(ep.calls)):
-            content, _ = ep.env.execute(ep.calls[index])
-            self.cache.put(ep.task, ep.calls[:index], ep.calls[index], content)
+        try:
+            if ep.env is None:
+                ep.env = RealEnvironment(spec, self.tool_timeout_s)
+            for index in range(ep.synced, len(ep.calls)):
+                spent += 1
+                content, _ = ep.env.execute(ep.calls[index])
+                if ep.env.unusable is None:
+                    self.cache.put(ep.task, ep.calls[:index], ep.calls[index], content)
             spent += 1
-        content, _ = ep.env.execute(call)
-        self.cache.put(ep.task, ep.calls, call, content)
+            content, _ = ep.env.execute(call)
+        except Exception as exc:  # noqa: BLE001 - fails this episode only (the runner ends it)
+            return failed_reply(f"environment {spec.class_path} ({call.name})", exc, real_calls=spent)
         ep.synced = len(ep.calls) + 1  # ``call`` is appended to ``ep.calls`` by the caller
-        return ToolReply(content=content, ok=True, source="real", real_calls=spent + 1, real_content=content)
+        if ep.env.unusable is not None:  # this call timed out
+            return ToolReply(content=content, ok=True, source="real", real_calls=spent, timeouts=1)
+        self.cache.put(ep.task, ep.calls, call, content)
+        return ToolReply(content=content, ok=True, source="real", real_calls=spent, real_content=content)
 
     def _generate(self, requests: list[ToolRequest], replies: list[ToolReply | None], to_rehearse: list[int],
                   probes: list[int], engine: Engine, params: SamplingParams) -> None:
@@ -293,6 +313,7 @@ class CacheWorld(HybridWorld):
         on_miss: who answers a miss: ``rehearse`` or ``real``.
         rehearse: the rehearse backend for misses (default: the trained policy).
         probe: shadow every cached answer with the policy's rehearsal and score it (live fidelity).
+        tool_timeout_s: with ``on_miss: real``, most seconds a real call may take (0: no limit).
     """
 
     def __init__(
@@ -301,6 +322,8 @@ class CacheWorld(HybridWorld):
         on_miss: Literal["rehearse", "real"] = "rehearse",
         rehearse: RehearseWorld | None = None,
         probe: bool = True,
+        tool_timeout_s: float = DEFAULT_TOOL_TIMEOUT_S,
     ) -> None:
         only_cache = Mix(real=0.0, cache=1.0, rehearse=0.0)
-        super().__init__(MixSchedule(only_cache, only_cache), rehearse, cache, "turn", on_miss, probe)
+        super().__init__(MixSchedule(only_cache, only_cache), rehearse, cache, "turn", on_miss, probe,
+                         tool_timeout_s=tool_timeout_s)

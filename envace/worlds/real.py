@@ -7,14 +7,27 @@ from typing import Any
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from envace.envs.real import RealEnvironment
+from envace.envs.real import DEFAULT_TOOL_TIMEOUT_S, RealEnvironment
 from envace.rollout.engine import Engine, SamplingParams
 from envace.types import Task
-from envace.worlds.base import ToolReply, ToolRequest
+from envace.worlds.base import ToolReply, ToolRequest, failed_reply
 
 
 class RealWorld:
-    """Executes calls on a fresh instance of the task's environment class per episode (no rehearse rows)."""
+    """Executes calls on a fresh instance of the task's environment class per episode (no rehearse rows).
+
+    A tool that raises is a normal error observation. A call that exceeds ``tool_timeout_s`` is answered with a
+    timeout error and leaves its episode's environment unusable (``envace.envs.real``); an exception elsewhere (the
+    constructor, a toolbox's ``call_tool``, a call on an unusable environment) fails that episode only.
+
+    Args:
+        tool_timeout_s: most seconds an environment's constructor and each tool call may take (0: no limit).
+    """
+
+    def __init__(self, tool_timeout_s: float = DEFAULT_TOOL_TIMEOUT_S) -> None:
+        if not tool_timeout_s >= 0:
+            raise ValueError(f"tool_timeout_s must be >= 0 (0: no limit), got {tool_timeout_s}")
+        self.tool_timeout_s = tool_timeout_s
 
     def begin_rollout(self, step: int) -> None:
         """Nothing is scheduled."""
@@ -26,13 +39,21 @@ class RealWorld:
         """Instantiate the task's environment."""
         if task.environment is None:
             raise ValueError(f"task '{task.id}' has no 'environment'; the real world needs one to execute its tools")
-        return RealEnvironment(task.environment)
+        return RealEnvironment(task.environment, self.tool_timeout_s)
 
     def respond(self, requests: list[ToolRequest], engine: Engine, params: SamplingParams) -> list[ToolReply]:
         """Execute each call on its episode's environment."""
         replies = []
         for req in requests:
-            content, _ = req.handle.execute(req.call)
+            env: RealEnvironment = req.handle
+            timeouts = env.timeouts
+            try:
+                content, _ = env.execute(req.call)
+            except Exception as exc:  # noqa: BLE001 - fails this episode only (the runner ends it)
+                replies.append(failed_reply(f"environment {env.spec.class_path} ({req.call.name})", exc,
+                                            real_calls=1))
+                continue
+            timed_out = env.timeouts - timeouts
             replies.append(ToolReply(content=content, ok=True, source="real", real_calls=1,
-                                     real_content=content))
+                                     real_content=None if timed_out else content, timeouts=timed_out))
         return replies

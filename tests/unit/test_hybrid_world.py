@@ -241,3 +241,27 @@ def test_the_policys_prompter_keeps_the_hybrid_worlds_rehearse_settings() -> Non
     prompter = alignment_prompter(world)
     assert (prompter.max_prompt_tokens, prompter.all_tools) == (123, True) and prompter is not world.rehearse
     assert world.prompter.max_prompt_tokens == 123
+
+
+def test_the_response_cache_travels_in_the_checkpoint() -> None:
+    """The recorded real answers, the seeded tasks and the counters survive a ``weights_only`` checkpoint round
+    trip, so a resumed run answers from the cache exactly as the interrupted one would have."""
+    import io
+
+    import torch
+
+    from envace.quality import WorldQuality
+
+    call = ToolCall("get_balance", {"account": "A1"})
+    world = CacheWorld()
+    world.cache.put(TASK, [], call, '{"balance": 7}')
+    assert world.cache.get(TASK, [], call) == '{"balance": 7}'
+    buffer = io.BytesIO()
+    torch.save({"extra": WorldQuality(world, None, None).state_dict_extra()}, buffer)
+    buffer.seek(0)
+    state = torch.load(buffer, weights_only=True)["extra"]
+    resumed = CacheWorld()
+    WorldQuality(resumed, None, None).load_state_dict_extra(state)
+    assert resumed.cache.peek(TASK, [], call) == '{"balance": 7}'
+    assert (resumed.cache.hits, resumed.cache.misses) == (world.cache.hits, world.cache.misses)
+    assert resumed.cache.state_dict() == world.cache.state_dict()

@@ -85,6 +85,8 @@ def test_exact_rates() -> None:
         "private_rehearsals_per_episode": 0.0,
         "private_tokens_per_episode": 0.0,
         "private_real_calls": 0.0,
+        "failed_episodes": 0.0,
+        "tool_timeouts": 0.0,
     }
     assert m.keys() == expected.keys()
     for key, value in expected.items():
