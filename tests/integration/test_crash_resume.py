@@ -97,6 +97,13 @@ def test_resume_after_sigkill(tmp_path: Path) -> None:
                 compared += 1
     assert compared >= 20
 
+    # What a non-atomic writer leaves after a crash: the resume refuses it, naming the earlier checkpoints.
+    data = (tmp_path / "ckpt" / "split" / "last.ckpt").read_bytes()
+    (tmp_path / "ckpt" / "split" / "last.ckpt").write_bytes(data[: len(data) // 3])
+    refused = _fit(tmp_path, _config(tmp_path, "split", 8), "--ckpt_path=last")
+    assert refused.returncode != 0
+    assert "last.ckpt cannot be read" in refused.stderr and "step=4.ckpt" in refused.stderr, refused.stderr[-3000:]
+
 
 def test_a_write_killed_midway_leaves_the_previous_checkpoint(tmp_path: Path, monkeypatch) -> None:
     io = AtomicCheckpointIO()
