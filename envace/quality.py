@@ -9,7 +9,6 @@ episodes), so that ranks can reduce them together.
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from typing import Any
 
@@ -19,6 +18,7 @@ from envace.audit import WorldAudit, replay, sim_to_real
 from envace.fidelity import LiveFidelity
 from envace.guard import CollusionGuard
 from envace.rewards.base import Reward
+from envace.scoring import guarded
 from envace.types import Episode, error_text
 from envace.worlds.base import World
 from envace.worlds.cache import ResponseCache
@@ -34,15 +34,7 @@ def _mean(values: Any) -> float:
 
 def _gap(episode: Episode, rewards: list[Reward]) -> float | None:
     """The audited episode's sim-to-real gap, or None after failing the episode (a reward raised or was not finite)."""
-    try:
-        gap = sim_to_real(episode, rewards)
-    except Exception as exc:  # noqa: BLE001 - fails this episode only
-        episode.stats.fail(f"reward on the audited real responses: {error_text(exc)}")
-        return None
-    if not math.isfinite(gap):
-        episode.stats.fail(f"reward on the audited real responses: not finite ({gap})")
-        return None
-    return gap
+    return guarded(episode, "reward on the audited real responses", lambda: sim_to_real(episode, rewards))
 
 
 class WorldQuality(nn.Module):

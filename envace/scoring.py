@@ -48,13 +48,14 @@ def _score(episode: Episode, rewards: list[Reward], shaping: PredictionErrorShap
     """Reward one episode and its rows; on a reward that raises or is not finite, fail the episode instead."""
     total = 0.0
     for reward in rewards:
-        value = _call(episode, f"reward {type(reward).__name__}", lambda reward=reward: reward(episode))
+        value = guarded(episode, f"reward {type(reward).__name__}", lambda reward=reward: reward(episode))
         if value is None:
             return
         total += value
     extras = []
     for rehearsal in episode.rehearsals:
-        extra = _call(episode, f"shaping {type(shaping).__name__}", lambda r=rehearsal: shaping(r)) if shaping else 0.0
+        where = f"shaping {type(shaping).__name__}"
+        extra = guarded(episode, where, lambda r=rehearsal: shaping(r)) if shaping else 0.0
         if extra is None:
             return
         extras.append(extra)
@@ -67,7 +68,7 @@ def _score(episode: Episode, rewards: list[Reward], shaping: PredictionErrorShap
             rehearsal.sample.reward = rehearsal.reward
 
 
-def _call(episode: Episode, where: str, fn: Callable[[], float | None]) -> float | None:
+def guarded(episode: Episode, where: str, fn: Callable[[], float | None]) -> float | None:
     """``fn()`` as a finite float (a None shaping is 0), or None after failing ``episode`` with the cause."""
     try:
         value = fn()

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import inspect
 from collections import OrderedDict
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -227,7 +227,7 @@ class CachedEngine(HFEngine):
         stop_ids: list[int],
         max_batch_size: int = 64,
         synced_gpus: bool = False,
-        adapter_context: Any = None,
+        adapter_context: Callable[[], AbstractContextManager[object]] | None = None,
         cache_entries: int = 256,
         min_reuse: int = 16,
     ) -> None:
