@@ -73,8 +73,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                     "dicts); envace loads checkpoints with weights_only=True and never unpickles code from them. "
                     f"Detail: {str(err).splitlines()[0]}") from err
             raise CheckpointError(_damaged(path, err)) from err
-        except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as err:
-            raise CheckpointError(_damaged(path, err)) from err
+        except Exception as err:  # noqa: BLE001 - torch's unpicklers raise anything (IndexError, KeyError, ...) on
+            raise CheckpointError(_damaged(path, err)) from err  # damaged bytes; each is reported, with its cause
 
 
 def _damaged(path: _PATH, err: BaseException) -> str:
