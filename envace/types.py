@@ -80,6 +80,33 @@ class SuccessSpec:
 
 
 @dataclass(frozen=True)
+class Standard:
+    """One standard of a checklist (the EnvACE authors' checklist task): a judge question about one user turn.
+
+    Attributes:
+        question: what the judge is asked.
+        focus_on: the part of the turn to look at (``assistant.tool_calls``, ``tool.content``, or free text).
+        pass_condition: when the answer is yes.
+        failure_examples: examples of failing behaviour (JSON values, usually strings), shown to the judge.
+        evidence: reference snippets (the ``snippet`` of each ``{"snippet": ...}`` evidence item).
+        weight: weight of this standard in the turn's score.
+        required_for_next_turn: a turn that fails this standard ends the conversation.
+    """
+
+    question: str
+    focus_on: str
+    pass_condition: str
+    failure_examples: tuple[Any, ...] = ()
+    evidence: tuple[str, ...] = ()
+    weight: float = 1.0
+    required_for_next_turn: bool = False
+
+
+# A checklist: per user turn (the first one included), the standards of that turn.
+Checklist = tuple[tuple[Standard, ...], ...]
+
+
+@dataclass(frozen=True)
 class EnvSpec:
     """A real environment: a Python class whose public methods are the tools, built with ``init_args``."""
 
@@ -105,6 +132,10 @@ class Task:
         tool_unlocks: per later user turn, the names of the tools that become available with it (BFCL's
             ``miss_func``); a tool named here is hidden before (not rendered, refused as unknown). The user turn's
             text must describe the new tools: the rendered tool list never changes mid-conversation.
+        user: optional simulated-user instructions.
+        checklists: optional checklists scored by a judge (the EnvACE authors' checklist task); each has one tuple
+            of ``Standard``s per user turn (the first one included). A task with checklists may have an empty
+            ``success`` (``SuccessSpec()``): the checklist reward scores it.
     """
 
     id: str
@@ -117,6 +148,7 @@ class Task:
     user_turns: tuple[tuple[dict[str, Any], ...], ...] = ()
     tool_unlocks: tuple[tuple[str, ...], ...] = ()
     user: str | None = None
+    checklists: tuple[Checklist, ...] = ()
 
     def hidden_tools(self) -> set[str]:
         """Names of the tools unlocked by a later user turn (hidden until then)."""

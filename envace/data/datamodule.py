@@ -129,6 +129,7 @@ class RolloutDataModule(L.LightningDataModule):
 
     Args:
         train_tasks: task JSONL file, or a built-in set (``builtin:bank``; ``builtin:bank:2000`` generates 2000).
+            ``reference:PATH`` loads rows in the EnvACE authors' format (``docs/task-format.md``).
         val_tasks: tasks for ``validate`` and validation during ``fit``; None disables validation.
         test_tasks: tasks for ``test``; default: ``val_tasks``.
         batch_size: tasks per training step on each process (each is rolled out ``group_size`` times).

@@ -28,11 +28,24 @@ from referencing.jsonschema import DRAFT202012
 
 from envace.envs.real import EnvironmentClassError, import_class, is_toolbox, public_methods, tool_schemas_from_class
 from envace.roles.parsing import UnsafeJSONError, json_type_name, loads_json, validate_call
-from envace.types import EnvSpec, ExpectedAnswer, ExpectedCall, SuccessSpec, Task, ToolCall, canonical_json
+from envace.types import (
+    Checklist,
+    EnvSpec,
+    ExpectedAnswer,
+    ExpectedCall,
+    Standard,
+    SuccessSpec,
+    Task,
+    ToolCall,
+    canonical_json,
+)
 
 TOP_KEYS = (
     "id", "messages", "tools", "success", "reference", "world_context", "environment", "user_turns", "tool_unlocks",
-    "user",
+    "user", "checklists",
+)
+STANDARD_KEYS = (
+    "question", "focus_on", "pass_condition", "failure_examples", "evidence", "weight", "required_for_next_turn",
 )
 SUCCESS_KEYS = ("calls", "ordered", "answer", "forbid_extra_calls")
 CALL_KEYS = ("name", "arguments", "weight")
@@ -40,6 +53,8 @@ ANSWER_KEYS = ("equals", "contains", "weight")
 ENV_KEYS = ("class_path", "init_args")
 ROLES = ("system", "user", "assistant", "tool")
 BUILTIN_PREFIX = "builtin:"
+REFERENCE_PREFIX = "reference:"  # rows in the EnvACE authors' format (envace.data.reference_format)
+REFERENCE_LENIENT_PREFIX = "reference-lenient:"  # the same, invalid rows skipped and counted
 _DATA_KEYWORDS = ("const", "default", "enum", "examples")  # schema keywords whose values are data, not schemas
 
 
@@ -69,11 +84,19 @@ def load_task_set(spec: str) -> list[Task]:
     """The tasks named by ``spec``: a JSONL path, a packaged built-in set ``builtin:NAME``, or ``builtin:NAME:N``.
 
     ``builtin:NAME:N`` generates the first ``N`` tasks of that built-in split in memory (deterministic; a packaged
-    file holds the first tasks of its split), e.g. ``builtin:bank:2000``.
+    file holds the first tasks of its split), e.g. ``builtin:bank:2000``. ``reference:PATH`` loads rows in the EnvACE
+    authors' format (``.parquet``, ``.json`` or ``.jsonl``; ``envace.data.reference_format``); an invalid row raises.
+    ``reference-lenient:PATH`` skips invalid rows instead (counted and logged).
 
     Raises:
-        TaskFormatError: an unknown built-in name, a bad ``N``, or any error of ``load_tasks``.
+        TaskFormatError: an unknown built-in name, a bad ``N``, or any error of ``load_tasks`` or of the reference
+            row loader.
     """
+    for prefix in (REFERENCE_PREFIX, REFERENCE_LENIENT_PREFIX):
+        if spec.startswith(prefix):
+            from envace.data.reference_format import load_reference_rows
+
+            return load_reference_rows(spec[len(prefix) :], skip_invalid=prefix == REFERENCE_LENIENT_PREFIX).tasks
     if spec.startswith(BUILTIN_PREFIX) and spec.count(":") == 2:
         from envace.builtin import SPLIT_OF
         from envace.builtin.make_tasks import MAX_TASKS, generate_split
@@ -181,20 +204,25 @@ def parse_task(record: dict[str, Any], *, where: str = "<task>") -> Task:
 
 
 def _parse_task(record: Any) -> Task:
-    _require_object(record, "<record>", TOP_KEYS, required=("id", "messages", "success"))
+    _require_object(record, "<record>", TOP_KEYS, required=("id", "messages"))
     task_id = _parse_id(record["id"])
     env_value = record.get("environment")
     environment = _parse_environment(env_value, "environment") if env_value is not None else None
     tools = _parse_tools(record.get("tools"), environment)
+    user_turns = _parse_user_turns(record.get("user_turns", []))
+    checklists = parse_checklists(record.get("checklists", []), "checklists", 1 + len(user_turns))
+    if "success" not in record and not checklists:
+        raise _FieldError("success", "is required (unless the task has 'checklists')")
     task = Task(
         id=task_id,
         messages=_parse_messages(record["messages"], "messages", allow_empty=False),
         tools=tools,
-        success=_parse_success(record["success"], tools),
+        success=_parse_success(record.get("success", {}), tools, allow_empty=bool(checklists)),
         world_context=_optional_str(record.get("world_context"), "world_context"),
         environment=environment,
-        user_turns=_parse_user_turns(record.get("user_turns", [])),
+        user_turns=user_turns,
         user=_optional_str(record.get("user"), "user"),
+        checklists=checklists,
     )
     task = replace(task, tool_unlocks=_parse_tool_unlocks(record.get("tool_unlocks", []), task))
     if record.get("reference") is None:
@@ -470,7 +498,8 @@ def _parse_environment(value: Any, field: str) -> EnvSpec:
 # --- success ---------------------------------------------------------------------------------------------------------
 
 
-def _parse_success(value: Any, tools: tuple[dict[str, Any], ...]) -> SuccessSpec:
+def _parse_success(value: Any, tools: tuple[dict[str, Any], ...], *, allow_empty: bool = False) -> SuccessSpec:
+    """The success specification; ``allow_empty`` (a task with checklists): it may have no items at all."""
     _require_object(value, "success", SUCCESS_KEYS)
     calls_value = value.get("calls", [])
     if not isinstance(calls_value, list):
@@ -478,6 +507,11 @@ def _parse_success(value: Any, tools: tuple[dict[str, Any], ...]) -> SuccessSpec
     calls = tuple(_parse_expected_call(c, f"success.calls[{i}]", tools) for i, c in enumerate(calls_value))
     answer = _parse_answer(value["answer"], "success.answer") if value.get("answer") is not None else None
     if not calls and answer is None:
+        if allow_empty:
+            return SuccessSpec(
+                ordered=_parse_bool(value.get("ordered", False), "success.ordered"),
+                forbid_extra_calls=_parse_bool(value.get("forbid_extra_calls", False), "success.forbid_extra_calls"),
+            )
         raise _FieldError("success", "needs at least one of 'calls' (non-empty) or 'answer'")
     if sum(c.weight for c in calls) + (answer.weight if answer else 0.0) <= 0:
         raise _FieldError("success", "the weights sum to 0")
@@ -517,6 +551,88 @@ def _parse_answer(value: Any, field: str) -> ExpectedAnswer:
     return ExpectedAnswer(equals=equals, contains=tuple(contains), weight=weight)
 
 
+# --- checklists ------------------------------------------------------------------------------------------------------
+
+
+def parse_checklists(value: Any, field: str, turns: int, *, strict_keys: bool = True) -> tuple[Checklist, ...]:
+    """Checklists: a list of checklists, each a list of exactly ``turns`` user turns, each a list of standards.
+
+    Args:
+        value: the decoded JSON value.
+        field: its field name (for errors).
+        turns: the number of user turns of the conversation (the first one included).
+        strict_keys: refuse unknown keys in a standard (False: ignore them).
+
+    Raises:
+        _FieldError: a problem, naming the field (``checklists[0][1][2].weight``).
+    """
+    if not isinstance(value, list):
+        raise _FieldError(field, f"must be a list of checklists, got {json_type_name(value)}")
+    checklists = []
+    for i, checklist in enumerate(value):
+        if not isinstance(checklist, list):
+            raise _FieldError(f"{field}[{i}]", f"must be a list of turns (lists of standards), got "
+                                               f"{json_type_name(checklist)}")
+        if len(checklist) != turns:
+            raise _FieldError(f"{field}[{i}]", f"has {len(checklist)} turns, but the conversation has {turns} user "
+                                               "turns (one list of standards per user turn)")
+        parsed = []
+        for t, standards in enumerate(checklist):
+            if not isinstance(standards, list):
+                raise _FieldError(f"{field}[{i}][{t}]", f"must be a list of standards, got {json_type_name(standards)}")
+            parsed.append(tuple(
+                _parse_standard(s, f"{field}[{i}][{t}][{k}]", strict_keys) for k, s in enumerate(standards)
+            ))
+        checklists.append(tuple(parsed))
+    return tuple(checklists)
+
+
+def _parse_standard(value: Any, field: str, strict_keys: bool) -> Standard:
+    required = ("question", "focus_on", "pass_condition")
+    if strict_keys:
+        _require_object(value, field, STANDARD_KEYS, required=required)
+    else:
+        _require_object(value, field, tuple(value) if isinstance(value, dict) else STANDARD_KEYS, required=required)
+    texts = {}
+    for key in required:
+        if not isinstance(value[key], str):
+            raise _FieldError(f"{field}.{key}", f"must be a string, got {json_type_name(value[key])}")
+        texts[key] = value[key]
+    examples = value.get("failure_examples", [])
+    if not isinstance(examples, list):
+        raise _FieldError(f"{field}.failure_examples", f"must be a list, got {json_type_name(examples)}")
+    evidence = value.get("evidence", [])
+    if not isinstance(evidence, list):
+        raise _FieldError(f"{field}.evidence", f"must be a list of {{\"snippet\": ...}} objects, got "
+                                               f"{json_type_name(evidence)}")
+    snippets = []
+    for j, item in enumerate(evidence):
+        if not isinstance(item, dict) or not isinstance(item.get("snippet"), str):
+            raise _FieldError(f"{field}.evidence[{j}]", 'must be an object {"snippet": "<text>"}')
+        snippets.append(item["snippet"])
+    return Standard(
+        **texts,
+        failure_examples=tuple(examples),
+        evidence=tuple(snippets),
+        weight=_parse_weight(value.get("weight", 1.0), f"{field}.weight"),
+        required_for_next_turn=_parse_bool(value.get("required_for_next_turn", False),
+                                           f"{field}.required_for_next_turn"),
+    )
+
+
+def standard_to_record(standard: Standard) -> dict[str, Any]:
+    """The JSON object of one standard (the inverse of the checklist parser)."""
+    return {
+        "question": standard.question,
+        "focus_on": standard.focus_on,
+        "pass_condition": standard.pass_condition,
+        "failure_examples": list(standard.failure_examples),
+        "evidence": [{"snippet": s} for s in standard.evidence],
+        "weight": standard.weight,
+        "required_for_next_turn": standard.required_for_next_turn,
+    }
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Inverse and helpers
 # ---------------------------------------------------------------------------------------------------------------------
@@ -546,6 +662,10 @@ def task_to_record(task: Task) -> dict[str, Any]:
         record["tool_unlocks"] = [list(names) for names in task.tool_unlocks]
     if task.user is not None:
         record["user"] = task.user
+    if task.checklists:
+        record["checklists"] = [
+            [[standard_to_record(s) for s in standards] for standards in checklist] for checklist in task.checklists
+        ]
     return record
 
 
