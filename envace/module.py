@@ -40,6 +40,7 @@ from envace.policy.hf import Policy, adapter_context
 from envace.private_rehearsal import PrivateRehearsal, Selector
 from envace.quality import WorldQuality
 from envace.rewards.base import Reward
+from envace.rewards.checklist import mask_groups_with_failed_judging
 from envace.rewards.shaping import PredictionErrorShaping
 from envace.rewards.task_success import TaskSuccess
 from envace.rollout.collate import RolloutBatch, collate, role_rows
@@ -225,11 +226,14 @@ class EnvACEModule(PolicyModule):
             )
         audited = self.quality.replay(episodes, int(self.global_step))
         score_episodes(episodes, self.rewards, self.shaping, self.quality.recorded)
+        judge_masked = mask_groups_with_failed_judging(episodes)  # a judge failure drops its whole group
         quality = self.quality.after_scoring(episodes, audited, self.rewards)
         batch = self._collate(episodes, tasks)
         elapsed = time.perf_counter() - start
         generated = self.act_engine.generated_tokens + self.rehearse_engine.generated_tokens - generated_before
-        batch.metrics = {"rollout_time_s": elapsed, "generated_tokens": float(generated), **quality}
+        batch.metrics = {"rollout_time_s": elapsed, "generated_tokens": float(generated), **quality,
+                         "judge_masked_episodes": float(judge_masked)}
+        self._log_reward_metrics()
         batch.metrics.update({f"world_{k}": v for k, v in getattr(self.world, "metrics", dict)().items()})
         batch.metrics["rollout_tokens_per_s"] = generated / elapsed if elapsed > 0 else 0.0
         return batch
@@ -325,6 +329,23 @@ class EnvACEModule(PolicyModule):
             rank_zero_warn(f"step {step}: every episode of the rollout failed; the update is skipped "
                            "(train/failed_episodes, and the warnings above name the causes)")
         return failed
+
+    def _log_reward_metrics(self) -> None:
+        """Counters of rewards that keep them (``ChecklistReward``: per-standard pass rates, judge calls/failures).
+
+        Written to the loggers directly: their keys depend on the tasks a rank drew, so ``self.log`` with
+        ``sync_dist`` could make ranks wait on different collectives. Logged from rank 0's rollouts.
+        """
+        values: dict[str, float] = {}
+        for reward in self.rewards:
+            metrics = getattr(reward, "metrics", None)
+            if callable(metrics):
+                values.update({f"train/{k}": float(v) for k, v in metrics().items()})
+        if not values or self._trainer is None:
+            return
+        step = getattr(self.trainer.fit_loop.epoch_loop, "_batches_that_stepped", self.global_step)
+        for logger in self.loggers:
+            logger.log_metrics(values, step=step)
 
     def _log_live_fidelity(self) -> None:
         """Every ``log_every_n_steps`` training steps, the live fidelity of the probes since the last time.

@@ -8,6 +8,7 @@ role to script the two roles separately.
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -165,3 +166,65 @@ def act_texts(tokenizer: PreTrainedTokenizerBase, episode: Any) -> list[str]:
             current = []
     runs += [current] if current else []
     return [tokenizer.decode(r, skip_special_tokens=True) for r in runs]
+
+
+# -- rows in the EnvACE authors' training format (envace.data.reference_format) -------------------------------------
+
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "Weather of a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    }},
+    {"type": "function", "function": {
+        "name": "get_time", "description": "Local time of a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    }},
+]
+
+
+def standard(question: str, weight: float = 0.5, required: bool = False) -> dict[str, Any]:
+    return {
+        "question": question,
+        "focus_on": "assistant.tool_calls",
+        "pass_condition": "The call names the right city.",
+        "failure_examples": ["calls get_time instead"],
+        "evidence": [{"snippet": "get_weather(city='Paris')"}],
+        "weight": weight,
+        "required_for_next_turn": required,
+    }
+
+
+def make_row(index: int = 7, tools_as_string: bool = True) -> dict[str, Any]:
+    system = {"role": "system", "content": "You are a helpful assistant."}
+    first = {"role": "user", "content": "Weather in Paris?"}
+    conversation = [
+        system,
+        first,
+        {"role": "assistant", "content": "<think>look it up</think>", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
+            {"id": "c2", "type": "function", "function": {"name": "get_time", "arguments": '{"city": "Paris"}'}},
+        ]},
+        {"role": "tool", "name": "get_weather", "content": '{"sky": "rain"}'},
+        {"role": "tool", "name": "get_time", "content": '{"time": "10:00"}'},
+        {"role": "assistant", "content": "Rain, 10:00."},
+        {"role": "user", "content": "And in Oslo?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c3", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}},
+        ]},
+        {"role": "tool", "name": "get_weather", "content": '{"sky": "snow"}'},
+        {"role": "assistant", "content": "Snow."},
+    ]
+    return {
+        "messages": [system, first],
+        "data_source": "checklist",
+        "extra_info": {
+            "index": index,
+            "original_index": f"orig-{index}",
+            "tools": json.dumps(TOOLS) if tools_as_string else copy.deepcopy(TOOLS),
+            "messages": conversation,
+            "interaction_kwargs": {"checklist_list": [[
+                [standard("Weather of Paris asked?", 0.7, True), standard("Time asked?", 0.3)],
+                [standard("Weather of Oslo asked?", 1.0)],
+            ]]},
+        },
+    }

@@ -1,12 +1,17 @@
 """Rewards of finished episodes (pluggable by ``class_path``) and the rehearse-role shaping term."""
 
 from envace.rewards.base import Reward
+from envace.rewards.checklist import ChecklistReward, HTTPJudge, LocalJudge, ScriptedJudge
 from envace.rewards.format import FormatPenalty
 from envace.rewards.observed import ObservedAnswerSuccess
 from envace.rewards.shaping import PredictionErrorShaping, leaf_f1
 from envace.rewards.task_success import TaskSuccess, task_score
 
 __all__ = [
+    "ChecklistReward",
+    "HTTPJudge",
+    "LocalJudge",
+    "ScriptedJudge",
     "FormatPenalty",
     "ObservedAnswerSuccess",
     "PredictionErrorShaping",

@@ -77,3 +77,27 @@ def test_the_single_gpu_config_is_qlora_on_one_device() -> None:
     assert trainer["devices"] == 1 and trainer["precision"] == "bf16-mixed"
     policy = cli.model.policy
     assert policy.load_in_4bit and policy.lora is not None and policy.name_or_path.startswith("Qwen/")
+
+
+def test_the_checklist_config_is_qwen7b_with_a_judged_checklist_reward() -> None:
+    """Same structure as qwen7b.yaml (keys and strategy); the reward is the checklist judged over HTTP, the data
+    is the authors' row format."""
+    import yaml
+
+    from envace.rewards import ChecklistReward, HTTPJudge
+
+    def keys(node: object, prefix: str = "") -> set[str]:
+        if not isinstance(node, dict):
+            return set()
+        return {f"{prefix}{k}" for k in node} | {x for k, v in node.items() for x in keys(v, f"{prefix}{k}.")
+                                                 if k in ("trainer", "model", "data")}
+
+    base, checklist = (yaml.safe_load((CONFIGS[0].parent / name).read_text())
+                       for name in ("qwen7b.yaml", "qwen7b_checklist.yaml"))
+    assert keys(base) == keys(checklist)
+    with mock.patch.object(sys, "argv", ["envace"]):
+        cli = main(["--config", str(CONFIGS[0].parent / "qwen7b_checklist.yaml")], run=False,
+                   cli_class=ConfigCheckCLI)
+    reward = cli.model.rewards[0]
+    assert isinstance(reward, ChecklistReward) and isinstance(reward.judge, HTTPJudge)
+    assert cli.datamodule.paths["train"].startswith("reference:")
