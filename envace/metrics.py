@@ -58,6 +58,7 @@ def rollout_metrics(episodes: list[Episode]) -> dict[str, float]:
         "error_end_rate": _rate(sum(s.ended_by_error for s in stats), n),
         "user_turns_per_episode": _rate(sum(s.user_turns for s in stats), n),
         "user_stop_rate": _rate(sum(s.user_stop for s in stats), n),  # conversations the simulated user ended
+        "gate_stop_rate": _rate(sum(s.gate_stop for s in stats), n),  # ended by the turn gate (checklist)
         "user_failures": float(sum(s.user_failures for s in stats)),  # simulated-user replies that failed
         "private_rehearsals_per_episode": _rate(sum(s.private_rehearsals for s in stats), n),  # test-time attempts
         "private_tokens_per_episode": _rate(sum(s.private_tokens for s in stats), n),

@@ -223,6 +223,7 @@ class EnvACEModule(PolicyModule):
                 self.rehearse_engine,
                 any_active=self._any_active if self.trainer.world_size > 1 else None,
                 user=self.user,
+                turn_gate=self._turn_gate(),
             )
         audited = self.quality.replay(episodes, int(self.global_step))
         score_episodes(episodes, self.rewards, self.shaping, self.quality.recorded)
@@ -329,6 +330,10 @@ class EnvACEModule(PolicyModule):
             rank_zero_warn(f"step {step}: every episode of the rollout failed; the update is skipped "
                            "(train/failed_episodes, and the warnings above name the causes)")
         return failed
+
+    def _turn_gate(self) -> Any:
+        """The first reward's turn gate (``ChecklistReward.continue_after_turn``), or None."""
+        return next((r.continue_after_turn for r in self.rewards if hasattr(r, "continue_after_turn")), None)
 
     def _log_reward_metrics(self) -> None:
         """Counters of rewards that keep them (``ChecklistReward``: per-standard pass rates, judge calls/failures).

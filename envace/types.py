@@ -284,6 +284,7 @@ class EpisodeStats:
     step_limits: int = 0  # user turns cut by max_steps_per_user_turn
     user_stop: bool = False  # the simulated user ended the conversation
     user_turn_limit: bool = False  # ended by max_user_turns with a simulated user
+    gate_stop: bool = False  # ended after a user turn by the turn gate (a required checklist standard unmet)
     user_failures: int = 0  # simulated-user replies that could not be produced (the episode ended; not scored)
     private_rehearsals: int = 0  # imagined attempts before committed act turns (test-time private rehearsal)
     private_tokens: int = 0  # tokens generated for them (act, rehearse and judging)

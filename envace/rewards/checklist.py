@@ -711,9 +711,7 @@ class ChecklistReward:
             for t in scored:
                 sat = self._turn(episode, checklists, turns, t)
                 turn_rewards[t] = _turn_reward(checklists, t, sat)
-                unmet = sum(any(s.required and not ok for s, ok in zip(c[t], sat[j])) if t < len(c) else False
-                            for j, c in enumerate(checklists))
-                if unmet > len(checklists) / 2:
+                if _unmet(checklists, t, sat) > len(checklists) / 2:
                     break
         else:
             sats = self._turns(episode, checklists, turns, scored)
@@ -721,13 +719,36 @@ class ChecklistReward:
                 turn_rewards[t] = _turn_reward(checklists, t, sat)
         return sum(turn_rewards) / len(checklists) / max_turns, turn_rewards
 
+    def continue_after_turn(self, episode: Episode) -> bool:
+        """The rollout's turn gate (``EpisodeRunner.run(turn_gate=...)``): does the conversation go on?
+
+        Called when the act role has answered a user turn and another would follow. False when more than half of
+        the checklists have a ``required_for_next_turn`` standard of that turn unmet by every step: the reference
+        ends the conversation there, and so does the rollout (no compute is spent on turns that would score 0).
+        The verdicts land in the cache, so scoring the episode afterwards sends nothing again; pass rates are
+        counted once, at scoring. Always True without ``stop_on_required`` or without a required standard.
+
+        Raises:
+            JudgeUnavailable: the judge gave no verdict (the runner then fails the episode; its group is masked).
+        """
+        checklists = read_checklists(episode.task)
+        turns = split_user_turns(episode.messages)
+        t = len(turns) - 1  # the turn just answered
+        if not self.stop_on_required or t < 0 or not any(s.required for c in checklists if t < len(c) for s in c[t]):
+            return True
+        sat = self._turns(episode, checklists, turns, [t], count=False)[0]
+        return _unmet(checklists, t, sat) <= len(checklists) / 2
+
     def _turn(self, episode: Episode, checklists: list[list[list[_Standard]]], turns: list[UserTurn],
               t: int) -> list[list[bool]]:
         return self._turns(episode, checklists, turns, [t])[0]
 
     def _turns(self, episode: Episode, checklists: list[list[list[_Standard]]], turns: list[UserTurn],
-               scored: Iterable[int]) -> list[list[list[bool]]]:
-        """Per scored turn, per checklist, per standard: satisfied by some step (one batched judge call)."""
+               scored: Iterable[int], count: bool = True) -> list[list[list[bool]]]:
+        """Per scored turn, per checklist, per standard: satisfied by some step (one batched judge call).
+
+        ``count``: add the verdicts to the per-standard pass rates (scoring does; the rollout's gate does not).
+        """
         messages, task_id = episode.messages, str(getattr(episode.task, "id", "?"))
         scored = list(scored)
         # sat[n][j][k] for scored turn n; verdicts from the shortcut, the cache or the judge
@@ -771,13 +792,19 @@ class ChecklistReward:
                     sat[n][j][k] = sat[n][j][k] or bool(answer)
             while len(self.cache) > self.cache_size:
                 self.cache.popitem(last=False)
-        for n, t in enumerate(scored):
+        for n, t in enumerate(scored if count else ()):
             for j, row in enumerate(sat[n]):
                 for k, ok in enumerate(row):
                     counts = self._passes[f"{t + 1}.{k + 1}" if j == 0 else f"c{j + 1}.{t + 1}.{k + 1}"]
                     counts[0] += int(ok)
                     counts[1] += 1
         return sat
+
+
+def _unmet(checklists: list[list[list[_Standard]]], t: int, sat: list[list[bool]]) -> int:
+    """How many checklists have a ``required_for_next_turn`` standard of turn ``t`` unmet."""
+    return sum(any(s.required and not ok for s, ok in zip(c[t], sat[j])) if t < len(c) else False
+               for j, c in enumerate(checklists))
 
 
 def _turn_reward(checklists: list[list[list[_Standard]]], t: int, sat: list[list[bool]]) -> float:

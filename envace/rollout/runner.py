@@ -126,6 +126,7 @@ class EpisodeRunner:
         self.tokenizer = tokenizer
         self.config = config
         self._prompts: dict[int, TokenStream] = {}  # within a run: a group's G episodes share one first prompt
+        self.turn_gate: Callable[[Episode], bool] | None = None
 
     def run(
         self,
@@ -136,6 +137,7 @@ class EpisodeRunner:
         world_engine: Engine | None = None,
         any_active: Callable[[bool], bool] | None = None,
         user: UserSimulator | None = None,
+        turn_gate: Callable[[Episode], bool] | None = None,
     ) -> list[Episode]:
         """Run one episode per task until all are done.
 
@@ -150,11 +152,15 @@ class EpisodeRunner:
                 prompt when it has nothing to generate. None on a single process.
             user: writes the user's turns after the scripted ones of tasks with ``Task.user`` (``envace.users``); it
                 generates with its own model, never the policy's engine.
+            turn_gate: called when the act role has answered a user turn and another would follow; False ends the
+                episode there (``gate_stop``), as the EnvACE authors end a conversation whose required checklist
+                standard was unmet (``ChecklistReward.continue_after_turn``). A gate that raises fails the episode.
 
         Raises:
             ValueError: a task whose messages end with an assistant message (the user opens) without a simulator.
         """
         self.user = user
+        self.turn_gate = turn_gate
         self._prompts = {}
         live = [self._start(i, t, g, world) for i, (t, g) in enumerate(zip(tasks, group_indices))]
         self._prompts = {}
@@ -353,6 +359,10 @@ class EpisodeRunner:
         """
         turns = s.episode.task.user_turns
         closing = [{"role": "assistant", "content": ""}] if cut else []
+        more = s.user_turn < len(turns) or (self._simulates(s.episode.task) and not self._user_turns_spent(s))
+        if more and not cut and not self._gate_passes(s):
+            s.done = True
+            return
         if s.user_turn < len(turns):
             unlocks = s.episode.task.tool_unlocks
             s.unlocked.update(unlocks[s.user_turn] if s.user_turn < len(unlocks) else ())
@@ -366,6 +376,19 @@ class EpisodeRunner:
         else:
             s.episode.stats.user_turn_limit = self._simulates(s.episode.task)
             s.done = True
+
+    def _gate_passes(self, s: _Live) -> bool:
+        """The turn gate lets the conversation go on (no gate: always); a gate that raises fails the episode."""
+        if self.turn_gate is None:
+            return True
+        try:
+            if self.turn_gate(s.episode):
+                return True
+        except Exception as exc:  # noqa: BLE001 - a broken judge fails this episode only, never the rollout
+            s.episode.stats.fail(f"turn gate: {error_text(exc)}")
+            return False
+        s.episode.stats.gate_stop = True
+        return False
 
     def _user_turns_spent(self, s: _Live) -> bool:
         limit = self.config.max_user_turns

@@ -81,6 +81,7 @@ def test_exact_rates() -> None:
         "error_end_rate": 0.5,
         "user_turns_per_episode": 2.0,  # (3 + 1) user turns / 2 episodes
         "user_stop_rate": 0.5,  # episode a's simulated user ended it
+        "gate_stop_rate": 0.0,
         "user_failures": 1.0,  # episode b's user failed to reply
         "private_rehearsals_per_episode": 0.0,
         "private_tokens_per_episode": 0.0,
