@@ -283,7 +283,7 @@ class EpisodeStats:
     user_turns: int = 1  # user turns the act role was given (the first message included)
     step_limits: int = 0  # user turns cut by max_steps_per_user_turn
     user_stop: bool = False  # the simulated user ended the conversation
-    user_turn_limit: bool = False  # ended by max_user_turns with a simulated user
+    user_turn_limit: bool = False  # ended by max_user_turns while more user turns would have followed
     gate_stop: bool = False  # ended after a user turn by the turn gate (a required checklist standard unmet)
     user_failures: int = 0  # simulated-user replies that could not be produced (the episode ended; not scored)
     private_rehearsals: int = 0  # imagined attempts before committed act turns (test-time private rehearsal)

@@ -51,8 +51,8 @@ class RolloutConfig:
             split.
         max_steps_per_user_turn: in a multi-turn conversation (``Task.user_turns``), most act turns per user turn;
             reaching it moves on to the next user turn (BFCL's rule: 20). 0: no limit.
-        max_user_turns: with a simulated user (``EpisodeRunner.run(user=...)``), most user turns in an episode, the
-            first included; the episode ends when the act role answers the last one. 0: no limit.
+        max_user_turns: most user turns in an episode, the first included, whether scripted (``Task.user_turns``)
+            or written by a simulated user; the episode ends when the act role answers the last one. 0: no limit.
         validate_calls: check calls before they reach the environment: their arguments against the tool's JSON
             schema (``INVALID_ARGUMENTS``), and tools a later user turn brings (``Task.tool_unlocks``), refused as
             unknown until then. Off, both reach the environment, which answers as it does: the protocol of
@@ -359,7 +359,11 @@ class EpisodeRunner:
         """
         turns = s.episode.task.user_turns
         closing = [{"role": "assistant", "content": ""}] if cut else []
-        more = s.user_turn < len(turns) or (self._simulates(s.episode.task) and not self._user_turns_spent(s))
+        if self._user_turns_spent(s):  # scripted or simulated, the conversation ends at max_user_turns
+            s.episode.stats.user_turn_limit = s.user_turn < len(turns) or self._simulates(s.episode.task)
+            s.done = True
+            return
+        more = s.user_turn < len(turns) or self._simulates(s.episode.task)
         if more and not cut and not self._gate_passes(s):
             s.done = True
             return
@@ -368,13 +372,12 @@ class EpisodeRunner:
             s.unlocked.update(unlocks[s.user_turn] if s.user_turn < len(unlocks) else ())
             s.user_turn += 1
             self._deliver_user(s, closing + [dict(m) for m in turns[s.user_turn - 1]])
-        elif self._simulates(s.episode.task) and not self._user_turns_spent(s):
+        elif self._simulates(s.episode.task):
             if closing:  # the cut turn is closed now, so the user sees a finished conversation
                 s.transcript.extend(closing)
                 s.episode.messages.extend(closing)
             s.awaiting_user = True
         else:
-            s.episode.stats.user_turn_limit = self._simulates(s.episode.task)
             s.done = True
 
     def _gate_passes(self, s: _Live) -> bool:

@@ -634,6 +634,14 @@ def test_a_plain_answer_delivers_the_next_user_turn(tok):
     assert any(ep.act.token_ids[i : i + len(user_ids)] == user_ids for i in range(len(ep.act.token_ids)))
 
 
+def test_max_user_turns_also_caps_scripted_user_turns(tok):
+    world = RealWorld()
+    world.bind(tok, model=None)
+    (ep,), _, _ = run(tok, [CALL_A1, "120"], tasks=[two_turn_task()], world=world, max_user_turns=1)
+    assert ep.stats.user_turn_limit and ep.stats.user_turns == 1 and ep.final_answer == "120"
+    assert [m["role"] for m in ep.messages][-1] == "assistant"  # the second user turn was never delivered
+
+
 def test_the_step_limit_moves_on_to_the_next_user_turn_and_then_ends(tok):
     world = RealWorld()
     world.bind(tok, model=None)
