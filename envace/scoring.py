@@ -8,7 +8,7 @@ from collections.abc import Callable
 from envace.rewards.base import Reward
 from envace.rewards.shaping import PredictionErrorShaping
 from envace.rewards.task_success import task_score
-from envace.types import Episode, error_text
+from envace.types import Episode, error_text, unreward
 from envace.worlds.cache import ResponseCache
 
 
@@ -36,12 +36,7 @@ def score_episodes(
         if not episode.stats.failed:
             _score(episode, rewards, shaping)
         if episode.stats.failed:
-            episode.reward, episode.success = 0.0, False
-            episode.act.reward = float("nan")
-            for rehearsal in episode.rehearsals:
-                rehearsal.reward = float("nan")
-                if rehearsal.sample is not None:
-                    rehearsal.sample.reward = rehearsal.reward
+            unreward(episode)
 
 
 def _score(episode: Episode, rewards: list[Reward], shaping: PredictionErrorShaping | None) -> None:

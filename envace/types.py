@@ -347,3 +347,13 @@ class Episode:
             return []
         act = [self.act] if self.act.token_ids else []
         return act + [r.sample for r in self.rehearsals if r.sample is not None]
+
+
+def unreward(episode: Episode) -> None:
+    """A failed episode's rewards: 0 for the episode, NaN for every row (no row of it is trained or baselined)."""
+    episode.reward, episode.success = 0.0, False
+    episode.act.reward = float("nan")
+    for rehearsal in episode.rehearsals:
+        rehearsal.reward = float("nan")
+        if rehearsal.sample is not None:
+            rehearsal.sample.reward = rehearsal.reward

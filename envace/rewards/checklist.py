@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from envace.roles.parsing import loads_json
-from envace.types import Episode, error_text
+from envace.types import Episode, error_text, unreward
 
 if TYPE_CHECKING:
     from envace.chat_model import ChatModel
@@ -839,11 +839,6 @@ def mask_groups_with_failed_judging(episodes: Sequence[Episode]) -> int:
         if episode.group_index in bad and not episode.stats.failed:
             episode.stats.fail(f"masked: {JUDGE_UNAVAILABLE} for another episode of group {episode.group_index} "
                                f"(task '{episode.task.id}')")
-            episode.reward, episode.success = 0.0, False
-            episode.act.reward = float("nan")
-            for rehearsal in episode.rehearsals:
-                rehearsal.reward = float("nan")
-                if rehearsal.sample is not None:
-                    rehearsal.sample.reward = rehearsal.reward
+            unreward(episode)
             masked += 1
     return masked
