@@ -112,7 +112,8 @@ def read_rows(path: Path) -> list[Any]:
         try:
             import pyarrow.parquet as pq
         except ImportError as exc:
-            raise ImportError(f"reading {path} needs pyarrow: install it with 'pip install pyarrow'") from exc
+            raise ImportError(f"reading {path} needs pyarrow: pip install -e '.[parquet]' (or pip install pyarrow)"
+                              ) from exc
         try:
             return [_drop_nulls(row) for row in pq.read_table(path).to_pylist()]
         except Exception as exc:  # noqa: BLE001 - pyarrow raises several types on a damaged file

@@ -168,3 +168,13 @@ def test_scoring_a_checklist_task_does_not_need_a_success_spec() -> None:
     episode = Episode(task=task, group_index=0, messages=[], act=Sample([1], [2], [1], 2, 0, 0))  # type: ignore[arg-type]
     _score(episode, [lambda e: 0.25], None)  # type: ignore[list-item]
     assert (episode.reward, episode.success, episode.stats.failed) == (0.25, False, False)
+
+
+def test_parquet_without_pyarrow_names_the_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # import pyarrow then raises ImportError
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    (tmp_path / "rows.parquet").write_bytes(b"PAR1")
+    with pytest.raises(ImportError, match=r"rows\.parquet needs pyarrow: pip install -e '\.\[parquet\]'"):
+        load_reference_rows(tmp_path / "rows.parquet")
