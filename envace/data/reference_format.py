@@ -39,9 +39,10 @@ from envace.data.tasks import (
     _FieldError,
     _one_line,
     _parse_task,
+    decode_json,
     parse_checklists,
 )
-from envace.roles.parsing import UnsafeJSONError, json_type_name, loads_json
+from envace.roles.parsing import json_type_name, loads_json
 from envace.types import Task
 
 log = logging.getLogger(__name__)
@@ -123,22 +124,12 @@ def read_rows(path: Path) -> list[Any]:
     except UnicodeDecodeError as exc:
         raise TaskFormatError(f"{path}: not UTF-8 text: {exc.reason} (byte {exc.start})") from exc
     if path.suffix == ".json":
-        rows = _decode(text, str(path))
+        rows = decode_json(text, str(path), "<row>")
         if not isinstance(rows, list):
             raise TaskFormatError(f"{path}: a .json file of rows must hold a JSON list, got {json_type_name(rows)}")
         return rows
-    return [_decode(line, f"{path}:{n}") for n, line in enumerate(text.split("\n"), start=1) if line.strip()]
-
-
-def _decode(text: str, where: str) -> Any:
-    try:
-        return loads_json(text)
-    except json.JSONDecodeError as exc:
-        raise TaskFormatError(f"{where}: invalid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from exc
-    except UnsafeJSONError as exc:
-        raise TaskFormatError(f"{where}: field '{_one_line(exc.path) or '<row>'}': {exc.problem}") from exc
-    except ValueError as exc:
-        raise TaskFormatError(f"{where}: invalid JSON: {_one_line(str(exc))}") from exc
+    lines = enumerate(text.split("\n"), start=1)
+    return [decode_json(line, f"{path}:{n}", "<row>") for n, line in lines if line.strip()]
 
 
 def _drop_nulls(value: Any) -> Any:
@@ -267,13 +258,18 @@ def _check_arguments(call: Any, field_name: str) -> None:
         return
     if not isinstance(arguments, str):
         raise _FieldError(where, f"must be a JSON object string, got {json_type_name(arguments)}")
-    try:
-        decoded = loads_json(arguments)
-    except ValueError as exc:
-        message = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
-        raise _FieldError(where, f"must be a JSON object string: {message}") from exc
+    decoded = _field_json(arguments, where, "must be a JSON object string")
     if not isinstance(decoded, dict):
         raise _FieldError(where, f"must be a JSON object string, got a JSON {json_type_name(decoded)}")
+
+
+def _field_json(text: str, where: str, problem: str) -> Any:
+    """A row field holding JSON text, decoded; ``_FieldError(where, "<problem>: <why>")`` if it is not JSON."""
+    try:
+        return loads_json(text)
+    except ValueError as exc:
+        message = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
+        raise _FieldError(where, f"{problem}: {message}") from exc
 
 
 def _tools(value: Any) -> list[Any]:
@@ -281,11 +277,7 @@ def _tools(value: Any) -> list[Any]:
     if value is None:
         raise _FieldError(where, "is required")
     if isinstance(value, str):
-        try:
-            value = loads_json(value)
-        except ValueError as exc:
-            message = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
-            raise _FieldError(where, f"not a JSON list of function schemas: {message}") from exc
+        value = _field_json(value, where, "not a JSON list of function schemas")
     if not isinstance(value, list):
         raise _FieldError(where, f"must be a list (or a JSON string of a list) of function schemas, got "
                                  f"{json_type_name(value)}")

@@ -159,7 +159,7 @@ def load_tasks(path: str | Path) -> list[Task]:
     for lineno, line in enumerate(lines, start=1):
         if not line.strip():
             continue
-        task = parse_task(_decode_line(line, f"{path}:{lineno}"), where=f"{path}:{lineno}")
+        task = parse_task(decode_json(line, f"{path}:{lineno}"), where=f"{path}:{lineno}")
         if task.id in first_line:
             raise TaskFormatError(
                 f"{path}:{lineno}: field 'id': duplicate task id '{task.id}' (first on line {first_line[task.id]})"
@@ -171,13 +171,18 @@ def load_tasks(path: str | Path) -> list[Task]:
     return tasks
 
 
-def _decode_line(line: str, where: str) -> Any:
+def decode_json(text: str, where: str, whole: str = "<record>") -> Any:
+    """``loads_json`` of a task-file text, every problem a ``TaskFormatError`` that starts with ``where``.
+
+    ``whole`` names the top-level value in an error about it; a multi-line text's errors name the line too.
+    """
     try:
-        return loads_json(line)
+        return loads_json(text)
     except json.JSONDecodeError as exc:
-        raise TaskFormatError(f"{where}: invalid JSON: {exc.msg} (column {exc.colno})") from exc
+        at = f"line {exc.lineno}, column {exc.colno}" if "\n" in text else f"column {exc.colno}"
+        raise TaskFormatError(f"{where}: invalid JSON: {exc.msg} ({at})") from exc
     except UnsafeJSONError as exc:
-        raise TaskFormatError(f"{where}: field '{_one_line(exc.path) or '<record>'}': {exc.problem}") from exc
+        raise TaskFormatError(f"{where}: field '{_one_line(exc.path) or whole}': {exc.problem}") from exc
     except ValueError as exc:  # NaN/Infinity, an integer too long to convert
         raise TaskFormatError(f"{where}: invalid JSON: {_one_line(str(exc))}") from exc
 
