@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +18,10 @@ from transformers import PreTrainedTokenizerBase
 
 from envace.policy.chat import encode
 from envace.rollout.engine import Generation, SamplingParams
+
+RELEASE = threading.Event()
+"""What a deliberately hung tool waits on in the fault tests; set after every test (tests/conftest.py), so no worker
+thread outlives the session."""
 
 BALANCE_TOOLS = [
     {

@@ -8,10 +8,10 @@ import functools
 import logging
 import math
 import sys
-import threading
 from pathlib import Path
 
 import pytest
+from helpers import RELEASE
 
 import envace.module
 from envace.builtin.bank import Bank
@@ -21,7 +21,6 @@ from envace.types import Episode
 sys.path.insert(0, str(Path(__file__).parent))
 from test_fit_tiny import _fit, _scalars  # noqa: E402
 
-RELEASE = threading.Event()
 REAL_WORLD = ["--model.world=envace.worlds.RealWorld", "--model.world.init_args.tool_timeout_s=0.2"]
 REWARDS = '--model.rewards=[{"class_path": "envace.rewards.TaskSuccess"}, ' \
           '{"class_path": "test_fault_injection.NanForEpisodeFive"}]'
@@ -32,13 +31,6 @@ class NanForEpisodeFive:
 
     def __call__(self, episode: Episode) -> float:
         return float("nan") if episode.act.episode_index == 5 else 0.0
-
-
-@pytest.fixture(autouse=True)
-def _release_hung_calls():
-    RELEASE.clear()
-    yield
-    RELEASE.set()
 
 
 @pytest.fixture

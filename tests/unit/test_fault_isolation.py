@@ -10,13 +10,12 @@ from __future__ import annotations
 import json
 import logging
 import random
-import threading
 import time
 from typing import Any
 
 import pytest
 import torch
-from helpers import ScriptedEngine, call_text, result_text
+from helpers import RELEASE, ScriptedEngine, call_text, result_text
 
 from envace.advantages import group_advantages, role_group_ids
 from envace.audit import WorldAudit
@@ -33,7 +32,6 @@ from envace.scoring import score_episodes
 from envace.types import EnvSpec, Episode, ExpectedAnswer, ExpectedCall, Role, Sample, SuccessSpec, Task, ToolCall
 from envace.worlds import HybridWorld, Mix, MixSchedule, RealWorld, RehearseWorld
 
-RELEASE = threading.Event()
 BALANCES = {"A1": 120, "B2": 50}
 CALL_A1 = call_text("get_balance", {"account": "A1"})
 
@@ -78,13 +76,6 @@ class FaultyToolbox:
         if self.mode == "hang":
             RELEASE.wait(10)
         return json.dumps({"account": arguments.get("account"), "balance": 120})
-
-
-@pytest.fixture(autouse=True)
-def _release_hung_calls():
-    RELEASE.clear()
-    yield
-    RELEASE.set()
 
 
 @pytest.fixture
