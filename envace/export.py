@@ -10,10 +10,13 @@ trained; the checkpoint's weights are loaded into it (``torch.load(weights_only=
 - ``<out>/merged``: the full model with any LoRA adapters merged in, and the tokenizer. ``transformers``'
   ``AutoModelForCausalLM.from_pretrained`` loads it with nothing of envace installed;
 - ``<out>/adapter``: for a LoRA or QLoRA policy, the adapter(s) alone (``peft``'s format) and the tokenizer, to load
-  on top of the base model with ``PeftModel.from_pretrained`` (for QLoRA, the base loaded in 4-bit as in training:
-  this reproduces the trained policy exactly). The merged model of a QLoRA policy is 4-bit again: the adapters are
-  merged into the dequantised base, which is quantised back, a small rounding (a largest logit difference of 0.007
-  on the tiny model).
+  on top of the base model with ``PeftModel.from_pretrained``. For QLoRA, load the base in 4-bit as in training;
+  this reproduces the trained policy exactly when the 4-bit layers compute as in training. On a GPU, or a CPU
+  without AVX512-BF16, they always do. On a CPU with AVX512-BF16, bitsandbytes by default repacks 4-bit weights
+  for a bf16 inference kernel at the first no-grad forward (logits about 1e-3 apart on the tiny model); call
+  ``envace.policy.hf.keep_4bit_training_kernel(base)`` before loading the adapter to keep training's kernel.
+  The merged model of a QLoRA policy is 4-bit again: the adapters are merged into the dequantised base, which is
+  quantised back, a small rounding (a largest logit difference of 0.007 on the tiny model).
 
 A checkpoint written by ``ModelParallelStrategy`` (FSDP2) holds sharded weights in a folder: consolidate it with
 Lightning first; ``envace export`` reads one file.

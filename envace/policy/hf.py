@@ -273,18 +273,27 @@ def _lora_config(spec: LoraSpec) -> LoraConfig:
 
 
 def _prepare_4bit(model: PreTrainedModel) -> PreTrainedModel:
-    """Make a bitsandbytes 4-bit model trainable with LoRA after no-grad rollouts.
+    """Make a bitsandbytes 4-bit model trainable with LoRA after no-grad rollouts (``keep_4bit_training_kernel``)."""
+    return prepare_model_for_kbit_training(keep_4bit_training_kernel(model), use_gradient_checkpointing=False)
+
+
+def keep_4bit_training_kernel(model: torch.nn.Module) -> torch.nn.Module:
+    """Keep every bitsandbytes ``Linear4bit`` of ``model`` on the kernel it trains with; returns ``model``.
 
     On CPUs with AVX512-BF16, a ``Linear4bit``'s first eval-mode no-grad forward permanently repacks its weight into
-    an inference layout that has no autograd kernel, which breaks (or silently corrupts) later training forwards.
-    Disabling that repacking keeps generate-then-train correct; it has no effect on GPUs.
+    an inference layout with a bf16 kernel. That layout has no autograd kernel, which breaks (or silently corrupts)
+    later training forwards, and it computes differently (logits about 1e-3 apart on the tiny model), so a policy
+    loaded with it does not reproduce the trained one exactly. Disabling the repacking keeps generate-then-train
+    correct and inference bit-identical to training on every CPU; it has no effect on GPUs. Call it on a 4-bit base
+    loaded outside envace (e.g. before ``PeftModel.from_pretrained`` of an exported adapter) to get the trained
+    policy's exact logits.
     """
-    import bitsandbytes as bnb  # imported here: it logs a CPU-kernel warning on import
+    import bitsandbytes as bnb  # imported here: it is heavy, and only 4-bit policies need it
 
     for module in model.modules():
         if isinstance(module, bnb.nn.Linear4bit):
             module.support_avx512bf16_for_cpu = False
-    return prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    return model
 
 
 def _check_options(dtype: str, lora: LoraSpec | None, adapters: list[str] | None, load_in_4bit: bool) -> None:
