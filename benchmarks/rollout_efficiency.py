@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.repeats < 1 or args.group_size < 1:
         parser.error("--repeats and --group-size must be at least 1")
-    from envace.data.tasks import load_task_set
+    from envace.task_sets import load_task_set
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

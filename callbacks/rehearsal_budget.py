@@ -113,7 +113,7 @@ class RehearsalBudgetAblation(L.Callback):
         """Run every (mode, budget); log the curves, write the files, return the record."""
         import torch
 
-        from envace.data.tasks import load_task_set
+        from envace.task_sets import load_task_set
 
         tasks = load_task_set(self.tasks_spec)[: self.limit]
         pl_module._bind_worlds()

@@ -3,17 +3,21 @@
 For every tool call in a task's reference trajectory, the row is the rehearse role's prompt for that call (built
 exactly as during rollouts, with the reference conversation as history) followed by the recorded real response in
 the rehearse output format. Its loss is the cross-entropy of the response tokens (``Sample.align``).
+
+A target is never cut, but the rehearse role generates at most ``rollout.rehearse_max_new_tokens`` tokens: a recorded
+response longer than that cannot be rehearsed whole. ``warn_long_responses`` says so once, before training.
 """
 
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import replace
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from envace.data.tasks import reference_steps
+from envace.data.tasks import reference_calls, reference_steps
 from envace.policy.chat import encode
 from envace.roles.rehearse import format_result
 from envace.types import Episode, Role, Sample, Task, ToolCall
@@ -27,6 +31,44 @@ def _normalise(content: str) -> str:
         return json.dumps(json.loads(content), ensure_ascii=False)
     except json.JSONDecodeError:
         return json.dumps({"result": content}, ensure_ascii=False)
+
+
+def target_ids(tokenizer: PreTrainedTokenizerBase, content: str) -> list[int]:
+    """What the rehearse role must generate to reproduce ``content``: the formatted result, then the eos token."""
+    return encode(tokenizer, format_result(_normalise(content))) + [tokenizer.eos_token_id]
+
+
+def long_responses(tasks: list[Task], tokenizer: PreTrainedTokenizerBase, max_new_tokens: int) -> tuple[int, int, int]:
+    """``(long, total, longest)`` of the recorded tool responses of ``tasks`` and their rehearse targets.
+
+    ``long`` of the ``total`` responses have a target (``target_ids``) longer than ``max_new_tokens`` tokens;
+    ``longest`` is the longest target's length (0 without any response).
+    """
+    lengths = [len(target_ids(tokenizer, content)) for task in tasks for _, content in reference_calls(task)]
+    return sum(n > max_new_tokens for n in lengths), len(lengths), max(lengths, default=0)
+
+
+def warn_long_responses(tasks: list[Task], tokenizer: PreTrainedTokenizerBase, max_new_tokens: int) -> int:
+    """Warn (once per call) when recorded tool responses of ``tasks`` are longer than the rehearse budget.
+
+    Their alignment targets are whole, but the rehearse role can generate only the first ``max_new_tokens`` tokens
+    of them: its rehearsals of such calls are cut (a parse error) and their fidelity probes score 0.
+
+    Returns:
+        How many responses are too long.
+    """
+    long, total, longest = long_responses(tasks, tokenizer, max_new_tokens)
+    if long:
+        warnings.warn(
+            f"{long} of {total} recorded tool responses of the training tasks are longer than "
+            f"rollout.rehearse_max_new_tokens={max_new_tokens} tokens (longest {longest}): the rehearse role can "
+            f"generate only their first {max_new_tokens} tokens, so its rehearsals of such calls are truncated (a "
+            "parse error) although their alignment targets are whole; raise rollout.rehearse_max_new_tokens to "
+            f"{longest} or more",
+            UserWarning,
+            stacklevel=2,
+        )
+    return long
 
 
 class AlignmentRows:
@@ -82,7 +124,7 @@ class AlignmentRows:
 
     def _row(self, task: Task, call: ToolCall, content: str, history: list[dict[str, Any]]) -> Sample:
         prompt = self.prompter.prompt(ToolRequest(task, call, history, None, -1, -1))
-        target = encode(self.tokenizer, format_result(_normalise(content))) + [self.tokenizer.eos_token_id]
+        target = target_ids(self.tokenizer, content)
         return Sample(
             token_ids=prompt.ids + target,
             role_ids=prompt.roles + [int(Role.TOOL)] * len(target),

@@ -12,6 +12,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from peft import PeftModel
 from torch import Tensor
 
+from envace.alignment import warn_long_responses
 from envace.data.datamodule import RolloutDataModule
 from envace.evaluation import PolicyEvaluator
 from envace.types import Task
@@ -38,9 +39,12 @@ class PolicyModule(L.LightningModule):
 
         Args:
             export_dir: directory for the model and tokenizer in Hugging Face format; None exports nothing.
+                ``{root}`` in it stands for the Trainer's ``default_root_dir`` (the configs export to
+                ``{root}/policy``, so ``--trainer.default_root_dir`` moves the export with the logs and checkpoints).
             export_best: a logged metric to maximise (e.g. ``"val/success_act"``): keep a host copy of the weights at
-                its best validation and export those instead of the last ones. Meant for small models (one extra
-                copy in host memory); needs ``export_dir``.
+                its best validation and export those instead of the last ones. Of tied validations the latest wins
+                (a later checkpoint of equal score has trained longer). Meant for small models (one extra copy in
+                host memory); needs ``export_dir``.
 
         Raises:
             ValueError: ``export_best`` without ``export_dir``.
@@ -93,22 +97,37 @@ class PolicyModule(L.LightningModule):
             self.evaluator.log_epoch(self, "test")
 
     def on_fit_start(self) -> None:
-        """Refuse, before any training, an export this strategy cannot do."""
+        """Refuse, before any training, an export this strategy cannot do; warn of responses over the budget."""
         if self.export_dir is not None and self._device_mesh is not None:
             raise ValueError(
                 "export_dir is not supported with ModelParallelStrategy (FSDP2): the weights are sharded; "
                 "use a ModelCheckpoint callback and export from the checkpoint"
             )
+        budget = self.rehearse_budget()
+        if budget is not None and self.trainer.is_global_zero:
+            train = getattr(self.trainer.datamodule, "tasks", {}).get("train") or []
+            warn_long_responses(train, self.tokenizer, budget)
+
+    def rehearse_budget(self) -> int | None:
+        """Most tokens one rehearsed tool response may take (``rollout.rehearse_max_new_tokens``); None: no rehearsal.
+
+        Subclasses that rehearse return it: ``on_fit_start`` then warns once when recorded tool responses of the
+        training tasks are longer (``envace.alignment.warn_long_responses``).
+        """
+        return None
 
     def on_validation_end(self) -> None:
-        """With ``export_best``: keep a host copy of the weights when the monitored metric improves."""
+        """With ``export_best``: keep a host copy of the weights when the monitored metric is at its best so far.
+
+        A validation that ties the best so far replaces it: of equal scores the latest weights are exported.
+        """
         if self.export_best is None or self.trainer.sanity_checking or self.trainer.state.fn != "fit":
             return
         value = self.trainer.callback_metrics.get(self.export_best)
         if value is None:
             logged = sorted(self.trainer.callback_metrics)
             raise KeyError(f"export_best={self.export_best!r} is not a logged metric; logged: {logged}")
-        if self.best is None or float(value) > self.best[0]:
+        if self.best is None or float(value) >= self.best[0]:  # a tie: the later weights (trained longer) win
             assert self.model is not None
             weights = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
             self.best = (float(value), weights)
@@ -127,6 +146,14 @@ class PolicyModule(L.LightningModule):
             model.load_state_dict(self.best[1])
         if isinstance(model, PeftModel):
             model = model.merge_and_unload()
-        model.save_pretrained(self.export_dir)
-        self.tokenizer.save_pretrained(self.export_dir)
-        rank_zero_info(f"exported the policy to {self.export_dir}")
+        where = self.export_path()
+        model.save_pretrained(where)
+        self.tokenizer.save_pretrained(where)
+        rank_zero_info(f"exported the policy to {where}")
+
+    def export_path(self) -> str | None:
+        """``export_dir`` with ``{root}`` replaced by the Trainer's ``default_root_dir`` (None: no export)."""
+        if self.export_dir is None:
+            return None
+        root = self.trainer.default_root_dir if self._trainer is not None else "."
+        return self.export_dir.replace("{root}", str(root))

@@ -21,8 +21,10 @@ import torch
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from envace.errors import UserError
 
-class CheckpointError(RuntimeError):
+
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint file that cannot be loaded: truncated, corrupt, or holding objects that are not plain data."""
 
 
@@ -72,12 +74,13 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                     f"checkpoint {path} holds objects other than plain data (tensors, numbers, strings, lists, "
                     "dicts); envace loads checkpoints with weights_only=True and never unpickles code from them. "
                     f"Detail: {str(err).splitlines()[0]}") from err
-            raise CheckpointError(_damaged(path, err)) from err
+            raise CheckpointError(damaged_message(path, err)) from err
         except Exception as err:  # noqa: BLE001 - torch's unpicklers raise anything (IndexError, KeyError, ...) on
-            raise CheckpointError(_damaged(path, err)) from err  # damaged bytes; each is reported, with its cause
+            raise CheckpointError(damaged_message(path, err)) from err  # damaged bytes; each is reported
 
 
-def _damaged(path: _PATH, err: BaseException) -> str:
+def damaged_message(path: _PATH, err: BaseException) -> str:
+    """What is wrong with the checkpoint ``path`` that raised ``err`` on reading, and the earlier ones beside it."""
     detail = str(err).splitlines()[0] if str(err) else type(err).__name__
     message = (f"checkpoint {path} cannot be read ({type(err).__name__}: {detail}); the file is truncated or "
                "corrupt, or not a checkpoint")

@@ -6,11 +6,13 @@ real one: a rising imagined success with a flat real one is the signature of a g
 episodes are also replayed in the real environment, giving their free-running fidelity horizon and sim-to-real gap,
 ``envace.audit``), and optionally
 the teacher-forced rehearsal fidelity of the tasks' reference calls. Means are torchmetrics metrics, so they are
-summed over ranks and logged once per epoch.
+summed over ranks and logged once per epoch. In ``test``, success can also be reported per value of one
+``Task.metadata`` key (``GroupedSuccess``).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from typing import Any
 
@@ -31,7 +33,7 @@ from envace.rollout.kv_engine import CachedEngine
 from envace.rollout.rehearsing import RehearsingRunner
 from envace.rollout.runner import EpisodeRunner, RolloutConfig
 from envace.scoring import score_episodes
-from envace.types import Episode, Task
+from envace.types import Episode, Task, canonical_json
 from envace.users import UserSimulator
 from envace.worlds.base import World
 from envace.worlds.rehearse import RehearseWorld
@@ -39,6 +41,77 @@ from envace.worlds.rehearse import RehearseWorld
 SPLITS = ("val", "test")
 REPLAY_METRICS = ("imagined_horizon", "imagined_departed_rate", "sim2real_gap")
 """Logged from the real replay of the imagined episodes (with ``imagined``)."""
+NO_VALUE = "none"
+"""The group of the tasks whose metadata lacks the grouping key (or holds null there)."""
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def metric_name_part(text: str) -> str:
+    """``text`` as a part of a metric name: each run of characters other than ``[A-Za-z0-9_.-]`` becomes ``_``.
+
+    An empty text reads ``empty``.
+    """
+    return _UNSAFE.sub("_", text) or "empty"
+
+
+def group_value(task: Task, key: str) -> str:
+    """The group of ``task`` by ``task.metadata[key]``, sanitised for a metric name (``NO_VALUE`` when unset).
+
+    A string is taken as it is, any other value as its canonical JSON (``3.0`` reads ``3``, ``true`` ``true``).
+    """
+    value = task.metadata.get(key)
+    if value is None:
+        return NO_VALUE
+    return metric_name_part(value if isinstance(value, str) else canonical_json(value))
+
+
+class GroupedSuccess:
+    """Success per value of one metadata key: ``success_act/KEY=VALUE`` and ``tasks/KEY=VALUE``.
+
+    ``success_act`` is the mean success of the group's episodes that did not fail (as ``rollout_metrics``'s
+    ``success_act``: 0 when all failed), ``tasks`` the number of its episodes (one per task in evaluation).
+
+    Args:
+        key: the ``Task.metadata`` key to group by.
+    """
+
+    def __init__(self, key: str) -> None:
+        if not key:
+            raise ValueError("the metadata key to group test success by must be a non-empty string")
+        self.key = key
+        self.counts: dict[str, list[int]] = {}  # group -> [episodes, scored episodes, successes]
+
+    def update(self, episodes: list[Episode]) -> None:
+        """Count ``episodes`` into their groups."""
+        for episode in episodes:
+            counts = self.counts.setdefault(group_value(episode.task, self.key), [0, 0, 0])
+            counts[0] += 1
+            if not episode.stats.failed:
+                counts[1] += 1
+                counts[2] += int(episode.success)
+
+    def merge(self, others: list[dict[str, list[int]]]) -> dict[str, list[int]]:
+        """The counts of several ranks (``self.counts`` of each), summed per group."""
+        total: dict[str, list[int]] = {}
+        for counts in others:
+            for group, values in counts.items():
+                total[group] = [a + b for a, b in zip(total.get(group, [0, 0, 0]), values)]
+        return total
+
+    def compute(self, counts: dict[str, list[int]] | None = None) -> dict[str, float]:
+        """The metrics (without the split prefix) of ``counts`` (default: this rank's), groups in sorted order."""
+        counts = self.counts if counts is None else counts
+        key = metric_name_part(self.key)
+        metrics: dict[str, float] = {}
+        for group in sorted(counts):
+            episodes, scored, successes = counts[group]
+            metrics[f"success_act/{key}={group}"] = successes / scored if scored else 0.0
+            metrics[f"tasks/{key}={group}"] = float(episodes)
+        return metrics
+
+    def reset(self) -> None:
+        """Forget the counts (after they are logged)."""
+        self.counts = {}
 
 
 def policy_engine(module: L.LightningModule, model: nn.Module, tokenizer: Any, rollout: RolloutConfig,
@@ -86,12 +159,15 @@ class PolicyEvaluator(nn.Module):
         rehearsal: private rehearsal before committed act turns in ``test`` (``envace.private_rehearsal``); None or
             a zero budget acts plainly.
         selector: what a rehearsal commits (default: the act role writes the turn with the rehearsal memory).
+        group_by: in ``test``, also log success per value of this ``Task.metadata`` key (``GroupedSuccess``).
     """
 
     def __init__(self, world: World, prompter: RehearseWorld, rewards: list[Reward], rollout: RolloutConfig,
                  fidelity: bool = True, imagined: bool = True, user: UserSimulator | None = None,
-                 rehearsal: PrivateRehearsal | None = None, selector: Selector | None = None) -> None:
+                 rehearsal: PrivateRehearsal | None = None, selector: Selector | None = None,
+                 group_by: str | None = None) -> None:
         super().__init__()
+        self.grouped = GroupedSuccess(group_by) if group_by is not None else None
         self.rehearsal, self.selector = rehearsal, selector
         self.world, self.prompter, self.rewards, self.user = world, prompter, rewards, user
         self.rollout = replace(rollout, act_temperature=0.0, rehearse_temperature=0.0)
@@ -122,6 +198,8 @@ class PolicyEvaluator(nn.Module):
             episodes = runner.run(tasks, indices, act, self.world, rehearse, any_active=any_active, user=self.user)
             score_episodes(episodes, self.rewards)
             self.last_episodes = episodes
+            if prefix == "test" and self.grouped is not None:
+                self.grouped.update(episodes)
             means = self.means[prefix]
             for key, value in rollout_metrics(episodes).items():
                 means[key].update(torch.tensor(value), weight=len(episodes))  # weight 0 on an empty batch
@@ -165,7 +243,9 @@ class PolicyEvaluator(nn.Module):
             rehearse.generate([[tokenizer.pad_token_id]], SamplingParams(max_new_tokens=1))
 
     def log_epoch(self, module: L.LightningModule, prefix: str) -> None:
-        """Log the epoch's fidelity means (call from ``on_{validation,test}_epoch_end``)."""
+        """Log the epoch's fidelity means and test success per group (call from ``on_{validation,test}_epoch_end``)."""
+        if prefix == "test" and self.grouped is not None:
+            self._log_groups(module, self.grouped)
         if not self.with_fidelity:
             return
         values = self.fidelity[prefix].compute()  # summed over ranks
@@ -175,3 +255,16 @@ class PolicyEvaluator(nn.Module):
             # Lightning from warning about unsynced epoch-level logs
             module.log_dict({f"{prefix}/fidelity_{k}": v.float() for k, v in values.items() if k != "probes"},
                             sync_dist=True)
+
+    def _log_groups(self, module: L.LightningModule, grouped: GroupedSuccess) -> None:
+        """Log ``test/success_act/KEY=VALUE`` and ``test/tasks/KEY=VALUE`` over every rank's episodes, then reset."""
+        counts = grouped.counts
+        if module.trainer.world_size > 1:  # every rank gets every group, so all log the same keys
+            gathered: list[Any] = [None] * module.trainer.world_size
+            torch.distributed.all_gather_object(gathered, counts)
+            counts = grouped.merge(gathered)
+        grouped.reset()
+        metrics = grouped.compute(counts)
+        if metrics:
+            # equal on every rank: the reduction is a no-op that keeps Lightning from warning about unsynced logs
+            module.log_dict({f"test/{k}": v for k, v in metrics.items()}, sync_dist=True)

@@ -25,7 +25,7 @@ from envace.data.tasks import reference_steps
 from envace.rewards.shaping import leaf_f1
 from envace.roles.parsing import json_type_name
 from envace.rollout.engine import Engine, SamplingParams
-from envace.types import Task, canonical_json
+from envace.types import Task, canonical_json, is_error_value
 from envace.worlds.base import ToolReply, ToolRequest
 from envace.worlds.rehearse import RehearseWorld
 
@@ -119,8 +119,9 @@ class ProbeScore:
 def is_error(text: str) -> bool:
     """Whether a tool response reports an error.
 
-    An error is a JSON object with an ``"error"`` key, or a string (free text, a JSON string, or the
-    ``{"result": text}`` wrapper a rehearsal of free text takes) starting with ``"Error"``.
+    An error is a JSON object whose ``"error"`` value is truthy (``envace.types.is_error_value``: a tool that raised,
+    or one that returned an error object), or a string (free text, a JSON string, or the ``{"result": text}``
+    wrapper a rehearsal of free text takes) starting with ``"Error"``.
 
     Args:
         text: a tool response.
@@ -129,7 +130,7 @@ def is_error(text: str) -> bool:
     if isinstance(value, dict) and list(value) == ["result"]:
         value = value["result"]
     if isinstance(value, dict):
-        return "error" in value
+        return is_error_value(value)
     return isinstance(value, str) and value.startswith("Error")
 
 

@@ -1,4 +1,4 @@
-"""Rollout metrics: per-role rewards, success, token counts, parse-error and truncation rates.
+"""Rollout metrics: per-role rewards, success, token counts, parse-error, truncation and tool-error rates.
 
 Pure functions of episodes; the LightningModule logs what they return. Rates are per opportunity (per act turn,
 per rehearsed call), so they stay comparable as episodes get longer.
@@ -6,7 +6,23 @@ per rehearsed call), so they stay comparable as episodes get longer.
 
 from __future__ import annotations
 
-from envace.types import Episode, Role
+import json
+
+from envace.types import Episode, Rehearsal, Role, is_error_value
+
+
+def reports_error(rehearsal: Rehearsal) -> bool:
+    """A call a world answered well-formed whose response is a tool error (``envace.types.is_error_value``).
+
+    A real tool that raised or returned an error object, a cached such response, or a rehearsed one; not an error the
+    world substituted for a malformed rehearsal (``ok`` False, counted in ``parse_error_rate_rehearse``).
+    """
+    if not rehearsal.ok:
+        return False
+    try:
+        return is_error_value(json.loads(rehearsal.content))
+    except (ValueError, RecursionError):  # free text
+        return False
 
 
 def _rate(numerator: float, denominator: float) -> float:
@@ -30,6 +46,7 @@ def rollout_metrics(episodes: list[Episode]) -> dict[str, float]:
     act_turns = sum(s.act_turns for s in stats)
     world_calls = sum(len(e.rehearsals) for e in episodes)  # every call a world answered, real ones included
     rehearsed = sum(s.rehearse_calls for s in stats)  # the calls a model wrote the response of
+    answered = [r for e in scored for r in e.rehearsals if r.ok]  # well-formed answers of the scored episodes
     attempted = sum(len(e.calls) + s.unknown_tools + s.invalid_arguments for e, s in zip(episodes, stats))
     n = len(episodes)
     return {
@@ -44,6 +61,7 @@ def rollout_metrics(episodes: list[Episode]) -> dict[str, float]:
         "truncation_rate_act": _rate(sum(s.act_truncated for s in stats), act_turns),
         "truncation_rate_rehearse": _rate(sum(s.rehearse_truncated for s in stats), rehearsed),
         "invalid_call_rate": _rate(sum(s.unknown_tools + s.invalid_arguments for s in stats), attempted),
+        "tool_error_rate": _rate(sum(reports_error(r) for r in answered), len(answered)),  # raised or returned
         "turns_per_episode": _rate(act_turns, n),
         "calls_per_episode": _rate(world_calls, n),
         "real_calls": float(sum(s.real_calls for s in stats)),  # spent answering calls in this batch

@@ -85,7 +85,8 @@ class EnvACEModule(PolicyModule):
             real ones (exact match, leaf F1, key match, parse rate, error agreement).
         eval_imagined: in ``validate``/``test``, also run every task with the policy rehearsing the tool responses
             and log ``imagined_success`` next to the ``eval_world`` success.
-        export_dir: at the end of ``fit``, save the policy here in Hugging Face format (single device or DDP).
+        export_dir: at the end of ``fit``, save the policy here in Hugging Face format (single device or DDP);
+            ``{root}`` stands for ``trainer.default_root_dir``.
         export_best: export the weights of the best validation of this logged metric instead of the last ones.
         audit: replay a share of the rehearsed training episodes in the real environment (their tasks need one):
             the free-running fidelity horizon, the sim-to-real gap, and real targets for shaping and grounding.
@@ -101,6 +102,9 @@ class EnvACEModule(PolicyModule):
             claim; ``envace.private_rehearsal``), e.g. ``--model.test_rehearsal.rehearsals=4``. None acts plainly.
         rehearsal_selector: what a rehearsal commits: ``envace.private_rehearsal.MemoryCommit`` (default: the act
             role writes the turn with the rehearsal memory), ``MajorityCommit`` or ``JudgedCommit``.
+        test_group_by: under ``envace test``, also log success per value of this key of the tasks' ``metadata``:
+            ``test/success_act/KEY=VALUE`` and ``test/tasks/KEY=VALUE`` (tasks without the key: ``KEY=none``;
+            docs/task-format.md). None logs the overall success only.
     """
 
     def __init__(
@@ -128,6 +132,7 @@ class EnvACEModule(PolicyModule):
         user: ModelUser | None = None,
         test_rehearsal: PrivateRehearsal | None = None,
         rehearsal_selector: Selector | None = None,
+        test_group_by: str | None = None,
     ) -> None:
         super().__init__()
         if fidelity_gate is not None and not 0.0 <= fidelity_gate <= 1.0:
@@ -166,7 +171,7 @@ class EnvACEModule(PolicyModule):
         self.quality = WorldQuality(self.world, audit, guard)
         self.user = user
         self.evaluator = PolicyEvaluator(self.eval_world, self.prompter, self.rewards, rollout, eval_fidelity,
-                                         eval_imagined, user, test_rehearsal, rehearsal_selector)
+                                         eval_imagined, user, test_rehearsal, rehearsal_selector, test_group_by)
 
     # -- setup ------------------------------------------------------------------------------------------------------
 
@@ -369,6 +374,10 @@ class EnvACEModule(PolicyModule):
         step = getattr(self.trainer.fit_loop.epoch_loop, "_batches_that_stepped", self.global_step)
         for logger in self.loggers:
             logger.log_metrics({f"train/fidelity/{k}": v for k, v in live.items()}, step=step)
+
+    def rehearse_budget(self) -> int | None:
+        """The rehearse role's generation budget (``rollout.rehearse_max_new_tokens``)."""
+        return self.rollout.rehearse_max_new_tokens
 
     def _sum_over_ranks(self, count: int) -> int:
         if self.trainer.world_size == 1:

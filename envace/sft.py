@@ -49,7 +49,8 @@ class SFTModule(PolicyModule):
         lr_scheduler: learning-rate schedule, stepped after every optimiser step (e.g. a linear warm-up); None keeps
             the rate constant.
         export_dir: at the end of ``fit``, save the model and tokenizer here in Hugging Face format, ready for
-            ``HFPolicy(name_or_path=export_dir)`` in the RL stage; None saves nothing.
+            ``HFPolicy(name_or_path=export_dir)`` in the RL stage; None saves nothing. ``{root}`` stands for
+            ``trainer.default_root_dir``.
         rehearse_world: the rehearse prompt format of the rehearse rows (system prompt, tools shown); use the RL
             stage's world settings. Default: ``RehearseWorld()``.
         eval_world: in ``validate``/``test`` and during ``fit``'s validation, also run the policy greedily in this
@@ -61,6 +62,8 @@ class SFTModule(PolicyModule):
         export_best: a logged metric to maximise (e.g. ``"val/success_act"``): keep a host copy of the weights at
             its best validation and export those instead of the last ones. Meant for small models (one extra copy in
             host memory); needs ``export_dir``.
+        test_group_by: under ``envace test``, also log success per value of this key of the tasks' ``metadata``
+            (``test/success_act/KEY=VALUE``, ``test/tasks/KEY=VALUE``; docs/task-format.md); needs ``eval_world``.
     """
 
     def __init__(
@@ -78,8 +81,11 @@ class SFTModule(PolicyModule):
         rewards: list[Reward] | None = None,
         eval_imagined: bool = False,
         export_best: str | None = None,
+        test_group_by: str | None = None,
     ) -> None:
         super().__init__()
+        if test_group_by is not None and eval_world is None:
+            raise ValueError("test_group_by needs eval_world (success is measured by running the policy in it)")
         self.save_hyperparameters()
         self.configure_export(export_dir, export_best)
         self.policy = policy
@@ -91,7 +97,8 @@ class SFTModule(PolicyModule):
         self.eval_world = eval_world
         self.rollout = rollout
         self.evaluator = (
-            PolicyEvaluator(eval_world, self.prompter, rewards or [TaskSuccess()], rollout, imagined=eval_imagined)
+            PolicyEvaluator(eval_world, self.prompter, rewards or [TaskSuccess()], rollout, imagined=eval_imagined,
+                            group_by=test_group_by)
             if eval_world is not None
             else None
         )
@@ -111,6 +118,10 @@ class SFTModule(PolicyModule):
         self.prompter.bind(self.tokenizer, self.model)
         self.alignment = AlignmentRows(self.tokenizer, self.prompter, self.rehearse_max_per_task)
         self.demonstrations = DemonstrationRows(self.tokenizer)
+
+    def rehearse_budget(self) -> int | None:
+        """The evaluation episodes' rehearse budget (``rollout.rehearse_max_new_tokens``); None without eval_world."""
+        return self.rollout.rehearse_max_new_tokens if self.evaluator is not None else None
 
     def sample_rollouts(self, tasks: list[Task]) -> RolloutBatch:
         """The supervised rows of ``tasks`` (they do not depend on the weights)."""

@@ -136,6 +136,9 @@ class Task:
         checklists: optional checklists scored by a judge (the EnvACE authors' checklist task); each has one tuple
             of ``Standard``s per user turn (the first one included). A task with checklists may have an empty
             ``success`` (``SuccessSpec()``): the checklist reward scores it.
+        metadata: free-form labels of the task (a JSON object: source, difficulty, category, ...). Kept and written
+            back, never rendered into a prompt nor trained on; ``envace test`` can report success per value of one
+            key (``test_group_by``).
     """
 
     id: str
@@ -149,6 +152,7 @@ class Task:
     tool_unlocks: tuple[tuple[str, ...], ...] = ()
     user: str | None = None
     checklists: tuple[Checklist, ...] = ()
+    metadata: dict[str, Any] = field(default_factory=dict)
 
     def hidden_tools(self) -> set[str]:
         """Names of the tools unlocked by a later user turn (hidden until then)."""
@@ -192,6 +196,20 @@ def error_text(exc: BaseException, limit: int = 300) -> str:
     message = " ".join(str(exc).split())
     text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def is_error_value(value: Any) -> bool:
+    """Whether a tool's (decoded) response reports an error: a JSON object whose ``"error"`` value is truthy.
+
+    That is envace's own error observation for a tool that raised (``{"error": "<ExcType>: <message>"}``) and an
+    environment that returns ``{"error": ...}`` instead of raising, whatever other keys it has. ``{"error": null}``,
+    ``{"error": false}``, ``{"error": ""}`` and ``{"error": {}}`` (no error to report) are not errors, nor is
+    anything that is not an object.
+
+    Args:
+        value: the response, decoded from JSON.
+    """
+    return isinstance(value, dict) and bool(value.get("error"))
 
 
 @dataclass(frozen=True)

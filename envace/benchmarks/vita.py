@@ -29,6 +29,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from envace.errors import UserError
+
 if TYPE_CHECKING:
     from envace.types import Task
 
@@ -71,7 +73,7 @@ instructions; if asked for something you do not know, say so.
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-class VitaFormatError(ValueError):
+class VitaFormatError(UserError, ValueError):
     """A VitaBench task file that cannot be read, or a task with a missing or malformed field."""
 
 

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import lightning as L
 from torch.utils.data import DataLoader, IterableDataset
 
-from envace.data.tasks import load_task_set
+from envace.task_sets import load_task_set
 from envace.types import Task
 
 
@@ -129,7 +129,8 @@ class RolloutDataModule(L.LightningDataModule):
 
     Args:
         train_tasks: task JSONL file, or a built-in set (``builtin:bank``; ``builtin:bank:2000`` generates 2000).
-            ``reference:PATH`` loads rows in the EnvACE authors' format (``docs/task-format.md``).
+            ``reference:PATH`` loads rows in the EnvACE authors' format (``docs/task-format.md``). ``PATH:N`` takes
+            the first N tasks of a file (an error if it holds fewer), as do ``val_tasks`` and ``test_tasks``.
         val_tasks: tasks for ``validate`` and validation during ``fit``; None disables validation.
         test_tasks: tasks for ``test``; default: ``val_tasks``.
         batch_size: tasks per training step on each process (each is rolled out ``group_size`` times).

@@ -3,7 +3,8 @@
 A row (one Parquet row, one element of a ``.json`` list, or one line of a ``.jsonl`` file) holds:
 
 - ``messages``: the initial chat (system prompt and first user message);
-- ``data_source``: a label (not kept: envace tasks have no field for it);
+- ``data_source``: a label (kept as ``Task.metadata["data_source"]``, so ``envace test`` can report success per
+  source with ``test_group_by: data_source``);
 - ``extra_info.original_index`` (else ``extra_info.index``): the task id;
 - ``extra_info.tools``: OpenAI function schemas, a list or a JSON string of one;
 - ``extra_info.messages``: the full reference conversation (users, assistants with ``tool_calls`` whose
@@ -218,6 +219,8 @@ def _row_record(row: dict[str, Any], task_id: str) -> tuple[dict[str, Any], int]
         "user_turns": [[conversation[i]] for i in users[1:]],
         "checklists": _known_keys(checklists),
     }
+    if row.get("data_source") is not None:
+        record["metadata"] = {"data_source": row["data_source"]}
     return record, start
 
 

@@ -16,7 +16,6 @@ import json
 import math
 from collections.abc import Iterable
 from dataclasses import replace
-from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from referencing.exceptions import Unresolvable
 from referencing.jsonschema import DRAFT202012
 
 from envace.envs.real import EnvironmentClassError, import_class, is_toolbox, public_methods, tool_schemas_from_class
+from envace.errors import UserError
 from envace.roles.parsing import UnsafeJSONError, json_type_name, loads_json, validate_call
 from envace.types import (
     Checklist,
@@ -42,7 +42,7 @@ from envace.types import (
 
 TOP_KEYS = (
     "id", "messages", "tools", "success", "reference", "world_context", "environment", "user_turns", "tool_unlocks",
-    "user", "checklists",
+    "user", "checklists", "metadata",
 )
 STANDARD_KEYS = (
     "question", "focus_on", "pass_condition", "failure_examples", "evidence", "weight", "required_for_next_turn",
@@ -52,13 +52,10 @@ CALL_KEYS = ("name", "arguments", "weight")
 ANSWER_KEYS = ("equals", "contains", "weight")
 ENV_KEYS = ("class_path", "init_args")
 ROLES = ("system", "user", "assistant", "tool")
-BUILTIN_PREFIX = "builtin:"
-REFERENCE_PREFIX = "reference:"  # rows in the EnvACE authors' format (envace.data.reference_format)
-REFERENCE_LENIENT_PREFIX = "reference-lenient:"  # the same, invalid rows skipped and counted
 _DATA_KEYWORDS = ("const", "default", "enum", "examples")  # schema keywords whose values are data, not schemas
 
 
-class TaskFormatError(ValueError):
+class TaskFormatError(UserError, ValueError):
     """A task file or record is invalid. The message is one line naming file, line and field."""
 
 
@@ -80,74 +77,22 @@ def _one_line(text: str) -> str:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def load_task_set(spec: str) -> list[Task]:
-    """The tasks named by ``spec``: a JSONL path, a packaged built-in set ``builtin:NAME``, or ``builtin:NAME:N``.
-
-    ``builtin:NAME:N`` generates the first ``N`` tasks of that built-in split in memory (deterministic; a packaged
-    file holds the first tasks of its split), e.g. ``builtin:bank:2000``. ``reference:PATH`` loads rows in the EnvACE
-    authors' format (``.parquet``, ``.json`` or ``.jsonl``; ``envace.data.reference_format``); an invalid row raises.
-    ``reference-lenient:PATH`` skips invalid rows instead (counted and logged).
-
-    Raises:
-        TaskFormatError: an unknown built-in name, a bad ``N``, or any error of ``load_tasks`` or of the reference
-            row loader.
-    """
-    for prefix in (REFERENCE_PREFIX, REFERENCE_LENIENT_PREFIX):
-        if spec.startswith(prefix):
-            from envace.data.reference_format import load_reference_rows
-
-            return load_reference_rows(spec[len(prefix) :], skip_invalid=prefix == REFERENCE_LENIENT_PREFIX).tasks
-    if spec.startswith(BUILTIN_PREFIX) and spec.count(":") == 2:
-        from envace.builtin import SPLIT_OF
-        from envace.builtin.make_tasks import MAX_TASKS, generate_split
-
-        name, _, count = spec[len(BUILTIN_PREFIX) :].partition(":")
-        if name not in SPLIT_OF:
-            raise TaskFormatError(f"unknown built-in task set '{spec}'; generated sets: {', '.join(sorted(SPLIT_OF))}")
-        if not (count.isascii() and count.isdigit()) or not 1 <= int(count) <= MAX_TASKS:  # int('²') raises
-            raise TaskFormatError(f"'{spec}': the task count must be an integer in 1..{MAX_TASKS}, got '{count}'")
-        return generate_split(SPLIT_OF[name], int(count))
-    return load_tasks(resolve_task_path(spec))
-
-
-def resolve_task_path(path: str) -> Path:
-    """Map ``builtin:NAME`` to its packaged file in ``envace/builtin/``; any other string is a path.
-
-    The names are those of ``envace.builtin.TASK_SETS``: ``builtin:bank`` (the bank domain's training split,
-    ``bank_tasks.jsonl``; also ``builtin:bank-train``), ``builtin:bank-val``, ``builtin:bank-test`` and
-    ``builtin:bank-heldout`` (held-out task templates).
-
-    Args:
-        path: a file path or ``builtin:NAME`` (e.g. ``builtin:bank``).
-
-    Raises:
-        TaskFormatError: no built-in task set has that name, or its packaged file is missing.
-    """
-    from envace.builtin import TASK_SETS  # the built-in names live with the files they name
-
-    if not path.startswith(BUILTIN_PREFIX):
-        return Path(path)
-    name = path[len(BUILTIN_PREFIX) :]
-    if name not in TASK_SETS:
-        raise TaskFormatError(f"unknown built-in task set '{path}'; available: {', '.join(sorted(TASK_SETS))}")
-    resource = files("envace.builtin").joinpath(TASK_SETS[name])
-    if not resource.is_file():
-        raise TaskFormatError(f"built-in task set '{path}': packaged file {TASK_SETS[name]} is missing")
-    return Path(str(resource))
-
-
-def load_tasks(path: str | Path) -> list[Task]:
+def load_tasks(path: str | Path, *, limit: int | None = None) -> list[Task]:
     """Load and validate a JSONL task file (blank lines skipped).
 
     Args:
-        path: the file, or ``builtin:NAME`` for a packaged task set.
+        path: the file (``envace.task_sets.load_task_set`` also reads ``builtin:NAME``, ``reference:PATH`` and
+            ``PATH:N``).
+        limit: stop after this many tasks (the lines after them are neither read nor checked); None reads all.
 
     Raises:
         TaskFormatError: the file is missing, empty, or a line is invalid (one line naming file, line and field).
     """
-    path = resolve_task_path(path) if isinstance(path, str) else path
+    path = Path(path)
     if not path.is_file():
-        raise TaskFormatError(f"task file not found: {path}")
+        named = str(path).startswith(("builtin:", "reference:", "reference-lenient:"))
+        raise TaskFormatError(f"task file not found: {path}" + (
+            " (a task set name: envace.task_sets.load_task_set reads it)" if named else ""))
     data = path.read_bytes()
     try:
         lines = data.decode("utf-8").split("\n")  # not splitlines(): JSON strings may hold U+2028, U+0085 raw
@@ -166,6 +111,8 @@ def load_tasks(path: str | Path) -> list[Task]:
             )
         first_line[task.id] = lineno
         tasks.append(task)
+        if limit is not None and len(tasks) >= limit:
+            break
     if not tasks:
         raise TaskFormatError(f"{path}: no tasks (the file is empty)")
     return tasks
@@ -228,6 +175,7 @@ def _parse_task(record: Any) -> Task:
         user_turns=user_turns,
         user=_optional_str(record.get("user"), "user"),
         checklists=checklists,
+        metadata=_parse_metadata(record.get("metadata")),
     )
     task = replace(task, tool_unlocks=_parse_tool_unlocks(record.get("tool_unlocks", []), task))
     if record.get("reference") is None:
@@ -253,6 +201,15 @@ def _require_object(value: Any, field: str, allowed: tuple[str, ...], required: 
 def _parse_id(value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
         raise _FieldError("id", f"must be a non-empty string, got {json.dumps(value)}")
+    return value
+
+
+def _parse_metadata(value: Any) -> dict[str, Any]:
+    """Free-form labels: a JSON object (null or absent: none)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise _FieldError("metadata", f"must be a JSON object, got {json_type_name(value)}")
     return value
 
 
@@ -671,6 +628,8 @@ def task_to_record(task: Task) -> dict[str, Any]:
         record["checklists"] = [
             [[standard_to_record(s) for s in standards] for standards in checklist] for checklist in task.checklists
         ]
+    if task.metadata:
+        record["metadata"] = task.metadata
     return record
 
 

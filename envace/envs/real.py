@@ -27,13 +27,14 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from envace.types import EnvSpec, ToolCall
+from envace.errors import UserError
+from envace.types import EnvSpec, ToolCall, is_error_value
 
 DEFAULT_TOOL_TIMEOUT_S = 30.0
 """Seconds a real tool call (or an environment's constructor) may take before it is answered with a timeout error."""
 
 
-class EnvironmentClassError(ValueError):
+class EnvironmentClassError(UserError, ValueError):
     """An environment class cannot be imported or turned into tool schemas."""
 
 
@@ -113,7 +114,9 @@ class RealEnvironment:
 
     Only the class's public methods (its tools) can be called, or, for a toolbox (``is_toolbox``), the names its
     ``tool_names()`` lists; any other name is refused with an error observation.
-    A tool that raises produces a normal error observation ``{"error": "<ExcType>: <message>"}``. A toolbox's
+    A tool that raises produces a normal error observation ``{"error": "<ExcType>: <message>"}``. A tool that returns
+    an error object instead (``{"error": ...}`` with a truthy value, ``envace.types.is_error_value``) is passed on as
+    it is, and is an error too (``execute`` says so), as is a toolbox result text holding one. A toolbox's
     ``call_tool`` reports its tools' errors in its results, so an exception escaping it is raised to the caller (a
     world fails the episode), as is an exception of the constructor.
 
@@ -177,7 +180,8 @@ class RealEnvironment:
             call: the tool call.
 
         Returns:
-            ``(content, ok)``: the JSON text of the return value and True, or an error object's JSON text and False.
+            ``(content, ok)``: the JSON text of the return value and True, or an error object's JSON text and False
+            (the tool raised, timed out or is unknown, or it returned an error object itself).
 
         Raises:
             EnvironmentUnusable: an earlier call timed out.
@@ -204,10 +208,10 @@ class RealEnvironment:
         if self.toolbox:
             if not returned:
                 raise value
-            return value, True
+            return value, not _is_error_text(value)
         if not returned:  # a tool error is a normal observation
             return _error_content(f"{type(value).__name__}: {value}"), False
-        return json.dumps(value, ensure_ascii=False, default=str), True
+        return json.dumps(value, ensure_ascii=False, default=str), not is_error_value(value)
 
     def close(self) -> None:
         """Let the worker thread end (it also ends when the instance is garbage-collected)."""
@@ -271,6 +275,14 @@ def is_toolbox(instance: Any) -> bool:
     list its ``tools`` (they cannot be derived from the class).
     """
     return callable(getattr(instance, "tool_names", None)) and callable(getattr(instance, "call_tool", None))
+
+
+def _is_error_text(text: Any) -> bool:
+    """A toolbox's result text that is the JSON of an error object."""
+    try:
+        return is_error_value(json.loads(text))
+    except (TypeError, ValueError, RecursionError):  # plain text (or not text at all): no error object
+        return False
 
 
 def _error_content(message: str) -> str:

@@ -17,6 +17,8 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from envace.errors import UserError
+
 Message = dict[str, Any]
 
 _PROBE_TOOL_NAME = "envace_probe_tool"
@@ -32,7 +34,7 @@ _PROBE_TOOLS: list[dict[str, Any]] = [
 ]
 
 
-class TemplateError(ValueError):
+class TemplateError(UserError, ValueError):
     """The chat template cannot be used for incremental (token-in/token-out) rendering."""
 
 

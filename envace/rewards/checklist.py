@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from envace.roles.parsing import loads_json
-from envace.types import Episode, error_text, unreward
+from envace.types import Episode, error_text, is_error_value, unreward
 
 if TYPE_CHECKING:
     from envace.chat_model import ChatModel
@@ -275,8 +275,9 @@ def serialise_messages(messages: Sequence[Mapping[str, Any]], first: int, last: 
 def is_tool_error(message: Mapping[str, Any]) -> bool:
     """A tool message reporting an error.
 
-    That is ``{"error": ...}`` content (envace's tool and call errors), a message answering a call that could not be
-    made (name ``error``), or the reference's ``error_tool_call`` marker.
+    That is ``{"error": ...}`` content with a truthy value (envace's tool and call errors, and an environment that
+    returns an error object instead of raising: ``envace.types.is_error_value``), a message answering a call that
+    could not be made (name ``error``), or the reference's ``error_tool_call`` marker.
     """
     if message.get("role") != "tool":
         return False
@@ -291,7 +292,7 @@ def is_tool_error(message: Mapping[str, Any]) -> bool:
         value = loads_json(content)
     except ValueError:
         return False
-    return isinstance(value, dict) and "error" in value
+    return is_error_value(value)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

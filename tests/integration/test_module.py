@@ -23,7 +23,7 @@ LORA = '{"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}'
 
 def _run(tmp_path: Path, command: str, *extra: str):
     args = [command, "--config", TINY, f"--trainer.default_root_dir={tmp_path}",
-            f"--trainer.logger.init_args.save_dir={tmp_path}", *extra]
+            *extra]
     if command == "fit":
         args += ["--trainer.limit_val_batches=0"]
     with mock.patch.object(sys, "argv", ["envace"]):
@@ -195,7 +195,8 @@ def test_lr_schedule_steps_once_per_optimiser_step_and_real_calls_are_totalled(t
 def test_a_simulated_user_writes_the_later_user_turns_in_training(tmp_path: Path, scripted_act: None) -> None:
     import json
 
-    from envace.data.tasks import load_tasks, resolve_task_path, task_to_record
+    from envace.data.tasks import load_tasks, task_to_record
+    from envace.task_sets import resolve_task_path
 
     tasks = load_tasks(resolve_task_path("builtin:bank"))[:2]
     path = tmp_path / "user_tasks.jsonl"

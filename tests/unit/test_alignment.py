@@ -8,7 +8,8 @@ import pytest
 from torch import nn
 
 from envace.alignment import AlignmentRows, reference_steps
-from envace.data.tasks import load_tasks, resolve_task_path
+from envace.data.tasks import load_tasks
+from envace.task_sets import resolve_task_path
 from envace.types import Role, Task, ToolCall
 from envace.worlds.base import ToolRequest
 from envace.worlds.rehearse import RehearseWorld

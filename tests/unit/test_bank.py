@@ -11,6 +11,7 @@ from envace.builtin.make_tasks import generate_tasks, main
 from envace.data.tasks import load_tasks, parse_task, reference_calls, task_to_record
 from envace.envs.real import EnvironmentClassError, RealEnvironment, import_class, tool_schemas_from_class
 from envace.rewards.task_success import task_score
+from envace.task_sets import load_task_set
 from envace.types import EnvSpec, ToolCall
 
 BANK = "envace.builtin.bank.Bank"
@@ -137,7 +138,7 @@ def test_generate_tasks_deterministic_and_templates() -> None:
 @pytest.mark.parametrize("name", ["builtin:bank", "builtin:bank-val", "builtin:bank-test", "builtin:bank-heldout"])
 def test_references_satisfy_their_own_success_spec(name: str) -> None:
     """Replay each reference on a fresh real bank: same responses, and the task scores 1.0."""
-    for task in load_tasks(name):
+    for task in load_task_set(name):
         assert task.environment is not None
         env = RealEnvironment(task.environment)
         pairs = reference_calls(task)
@@ -158,4 +159,4 @@ def test_world_context_lists_balances_and_fee() -> None:
 
 def test_packaged_file_matches_generator(tmp_path) -> None:
     main(["--out-dir", str(tmp_path)])
-    assert load_tasks(tmp_path / "bank_tasks.jsonl") == load_tasks("builtin:bank")
+    assert load_tasks(tmp_path / "bank_tasks.jsonl") == load_task_set("builtin:bank")

@@ -39,10 +39,11 @@ from envace.builtin.templates import (
     transfer,
     withdraw,
 )
-from envace.data.tasks import TaskFormatError, load_tasks, reference_calls, resolve_task_path
+from envace.data.tasks import TaskFormatError, load_tasks, reference_calls
 from envace.envs.real import RealEnvironment
 from envace.rewards.task_success import TaskSuccess, task_score
 from envace.rollout.runner import EpisodeRunner, RolloutConfig
+from envace.task_sets import load_task_set, resolve_task_path
 from envace.types import EnvSpec, ExpectedAnswer, SuccessSpec, Task, ToolCall
 from envace.worlds import RealWorld
 
@@ -58,7 +59,7 @@ ERROR_TEMPLATES = ("insufficient_funds", "unknown_account", "chain_insufficient"
 @pytest.fixture(scope="module")
 def splits() -> dict[str, list[Task]]:
     """The packaged splits, loaded from their files."""
-    return {split: load_tasks(name) for split, name in NAMES.items()}
+    return {split: load_task_set(name) for split, name in NAMES.items()}
 
 
 def all_tasks(splits: dict[str, list[Task]]) -> list[Task]:
@@ -390,7 +391,7 @@ def test_oracle_solves_every_task_in_the_real_environment(split: str, splits, ti
 
 
 def test_generated_builtin_sets_extend_the_packaged_files() -> None:
-    from envace.data.tasks import load_task_set
+    from envace.task_sets import load_task_set
 
     packaged = load_tasks(resolve_task_path("builtin:bank-val"))
     generated = load_task_set(f"builtin:bank-val:{len(packaged) + 5}")
@@ -403,7 +404,7 @@ def test_generated_builtin_sets_extend_the_packaged_files() -> None:
     [("builtin:bank:0", "1..100000"), ("builtin:bank:x", "integer"), ("builtin:nope:5", "unknown built-in")],
 )
 def test_generated_builtin_set_errors_name_the_spec(spec: str, message: str) -> None:
-    from envace.data.tasks import load_task_set
+    from envace.task_sets import load_task_set
 
     with pytest.raises(TaskFormatError, match=message) as err:
         load_task_set(spec)

@@ -13,7 +13,7 @@ from helpers import ScriptedEngine
 from torch import nn
 
 from envace.alignment import _normalise, reference_steps
-from envace.data.tasks import load_tasks, resolve_task_path
+from envace.data.tasks import load_tasks
 from envace.fidelity import (
     Probe,
     ProbeScore,
@@ -29,6 +29,7 @@ from envace.fidelity import (
     summarize,
     token_f1,
 )
+from envace.task_sets import resolve_task_path
 from envace.types import Task
 from envace.worlds.rehearse import RehearseWorld
 

@@ -12,10 +12,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_runner import CALL_A1, TASK, call_text, result_text, tool_messages
 
-from envace.data.tasks import load_tasks, resolve_task_path
+from envace.data.tasks import load_tasks
 from envace.fidelity import LiveFidelity
 from envace.metrics import rollout_metrics
 from envace.rollout.runner import EpisodeRunner, RolloutConfig
+from envace.task_sets import resolve_task_path
 from envace.types import Episode, ToolCall
 from envace.worlds import CacheWorld, HybridWorld, Mix, MixSchedule, ResponseCache
 

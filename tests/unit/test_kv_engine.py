@@ -176,8 +176,8 @@ def test_a_rehearsed_rollout_is_token_identical_with_either_engine(noisy) -> Non
     """Greedy multi-turn episodes match ``generate``'s token for token, and later turns reuse the earlier ones."""
     from dataclasses import replace
 
-    from envace.data.tasks import load_task_set
     from envace.rollout.runner import EpisodeRunner, RolloutConfig
+    from envace.task_sets import load_task_set
     from envace.worlds import RehearseWorld
 
     model, tok = noisy

@@ -67,6 +67,7 @@ def test_exact_rates() -> None:
         "truncation_rate_act": 2 / 6,  # 2 cut turns / 6 act turns
         "truncation_rate_rehearse": 0.5,  # 1 cut / 2 rehearsed calls
         "invalid_call_rate": 0.4,  # (1 unknown + 1 invalid) / (3 valid calls + 2 invalid attempts)
+        "tool_error_rate": 0.0,  # no "{}" answer reports an error
         "turns_per_episode": 3.0,  # 6 turns / 2 episodes
         "calls_per_episode": 1.5,  # 3 world-answered calls / 2 episodes
         "real_calls": 1.0,

@@ -11,8 +11,9 @@ import pytest
 from helpers import make_row
 
 from envace.data.reference_format import load_reference_rows, row_to_task
-from envace.data.tasks import TaskFormatError, load_task_set, load_tasks, reference_calls, write_tasks
+from envace.data.tasks import TaskFormatError, load_tasks, reference_calls, write_tasks
 from envace.scoring import _score
+from envace.task_sets import load_task_set
 from envace.types import Episode, Sample, Standard, SuccessSpec, ToolCall
 
 

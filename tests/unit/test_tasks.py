@@ -9,14 +9,8 @@ from typing import Any
 
 import pytest
 
-from envace.data.tasks import (
-    TaskFormatError,
-    load_tasks,
-    parse_task,
-    reference_calls,
-    resolve_task_path,
-    task_to_record,
-)
+from envace.data.tasks import TaskFormatError, load_tasks, parse_task, reference_calls, task_to_record
+from envace.task_sets import load_task_set, resolve_task_path
 from envace.types import EnvSpec, ExpectedAnswer, ExpectedCall, ToolCall
 
 BALANCE_TOOL = {
@@ -134,7 +128,7 @@ def test_tools_derived_from_environment() -> None:
 def test_builtin_bank_loads() -> None:
     path = resolve_task_path("builtin:bank")
     assert path.name == "bank_tasks.jsonl" and path.is_file()
-    tasks = load_tasks("builtin:bank")
+    tasks = load_task_set("builtin:bank")
     assert len(tasks) == 160
     assert len({t.id for t in tasks}) == 160
     assert all(t.environment is not None and t.reference for t in tasks)
