@@ -107,7 +107,6 @@ def fit_args(args: argparse.Namespace, workdir: str) -> list[str]:
         "--trainer.limit_val_batches=0",
         "--trainer.enable_progress_bar=false",
         "--trainer.enable_model_summary=false",
-        f"--trainer.logger.init_args.save_dir={workdir}",
         f"--trainer.default_root_dir={workdir}",
     ]
     optional = {
@@ -124,7 +123,7 @@ def fit_args(args: argparse.Namespace, workdir: str) -> list[str]:
 
 def run_fit(cli_args: list[str]) -> None:
     """Run ``envace fit`` in this process (``sys.argv`` patched so that nothing reads the benchmark's own flags)."""
-    from envace.cli import main
+    from envace.command import main
 
     with mock.patch.object(sys, "argv", ["envace"]):
         main(cli_args)

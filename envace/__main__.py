@@ -1,5 +1,5 @@
 """``python -m envace`` runs the ``envace`` command."""
 
-from envace.cli import main
+from envace.command import main
 
 main()

@@ -1,14 +1,23 @@
-"""The ``envace`` command: LightningCLI over envace's LightningModules and ``RolloutDataModule``.
+"""``envace fit|validate|test``: LightningCLI over envace's LightningModules and ``RolloutDataModule``.
 
 ``envace fit --config lit_configs/tiny.yaml --trainer.max_steps=3``; every constructor argument is a config key.
 The model defaults to ``EnvACEModule`` (a config's ``model:`` section holds its arguments directly); a config picks
 another module with ``model: {class_path: envace.sft.SFTModule, init_args: ...}``.
-``envace fit --model.help EnvACEModule`` lists the arguments with their docstrings.
+``envace fit --model.help EnvACEModule`` lists the arguments with their docstrings. The ``envace`` command itself
+(``envace.command``) adds ``export`` and reports user mistakes in one line.
+
+Every output of a run lives under ``trainer.default_root_dir``: Lightning's default TensorBoard logger writes there
+(``<root>/lightning_logs/version_N``, checkpoints in its ``checkpoints/``), and a module's ``export_dir`` may say
+``{root}`` for it. Each Trainer also gets ``envace.progress.ProgressLines`` (a line at least every 30 s, also when
+output is redirected) unless the config lists its own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -17,8 +26,15 @@ import lightning as L  # noqa: E402
 from jsonargparse import set_parsing_settings  # noqa: E402
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI  # noqa: E402
 from lightning.pytorch.plugins.io import CheckpointIO  # noqa: E402
+from lightning.pytorch.utilities import rank_zero_info  # noqa: E402
 
-from envace.checkpoint import AtomicCheckpointIO  # noqa: E402
+from envace.checkpoint import AtomicCheckpointIO, CheckpointError, damaged_message  # noqa: E402
+from envace.errors import ConfigError  # noqa: E402
+from envace.noise import quiet  # noqa: E402
+from envace.progress import ProgressLines  # noqa: E402
+
+EXPORT_HELP = "Write a checkpoint's policy as a Hugging Face model (and a LoRA policy's adapter)."
+"""``envace export`` is run by ``envace.command``; the CLI lists it among the subcommands."""
 
 
 class EnvaceCLI(LightningCLI):
@@ -31,6 +47,38 @@ class EnvaceCLI(LightningCLI):
         del commands["predict"]
         return commands
 
+    def _add_subcommands(self, parser: LightningArgumentParser, **kwargs: Any) -> None:
+        """Lightning's subcommands, and ``export`` listed beside them (``envace export --help`` describes it)."""
+        super()._add_subcommands(parser, **kwargs)
+        export = LightningArgumentParser(description=EXPORT_HELP)
+        export.add_argument("--config", help="the config the policy was trained with")
+        export.add_argument("--ckpt_path", help="a Lightning checkpoint file (e.g. last.ckpt)")
+        export.add_argument("--out", help="output folder")
+        parser._subcommands_action.add_subcommand("export", export, help=EXPORT_HELP)
+
+    def _parse_ckpt_path(self) -> None:
+        """Lightning reads a ``--ckpt_path`` file's hyperparameters while parsing; a damaged file is named."""
+        try:
+            super()._parse_ckpt_path()
+        except Exception as err:  # noqa: BLE001 - torch's readers raise anything on damaged bytes
+            path = self.config[self.config.subcommand].get("ckpt_path")
+            raise CheckpointError(damaged_message(path, err)) from err
+
+    def _prepare_subcommand_kwargs(self, subcommand: str) -> dict[str, Any]:
+        """The subcommand's arguments, with ``ckpt_path="last"`` resolved under ``trainer.default_root_dir``."""
+        kwargs = super()._prepare_subcommand_kwargs(subcommand)
+        if kwargs.get("ckpt_path") == "last":
+            found = latest_last_checkpoint(self.trainer.default_root_dir)
+            if found is not None:
+                rank_zero_info(f"--ckpt_path=last: resuming from {found}")
+                kwargs["ckpt_path"] = str(found)
+        return kwargs
+
+    def instantiate_classes(self) -> None:
+        """Lightning's instantiation; a constructor that refuses a config value raises ``ConfigError`` naming it."""
+        with _config_errors(self):
+            super().instantiate_classes()
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         """Default classes, so a config's ``model:`` and ``data:`` sections can hold plain arguments."""
         parser.set_defaults(
@@ -42,9 +90,49 @@ class EnvaceCLI(LightningCLI):
 
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[L.Callback]) -> L.Trainer:
-        """The Trainer, writing checkpoints atomically unless the config brings its own checkpoint plugin."""
+        """The Trainer, with atomic checkpoints and progress lines unless the config brings its own of each."""
+        given = config.get("callbacks") or []
+        if not any(isinstance(c, ProgressLines) for c in [*callbacks, *given]):
+            callbacks = [*callbacks, ProgressLines()]
         return super()._instantiate_trainer({**config, "plugins": with_atomic_checkpoints(config.get("plugins"))},
                                             callbacks)
+
+
+@contextlib.contextmanager
+def _config_errors(cli: LightningCLI) -> Iterator[None]:
+    """Re-raise a constructor's ``ValueError`` as a ``ConfigError`` that names the config files and the reason."""
+    try:
+        yield
+    except ValueError as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        config = cli.config.get(cli.subcommand, cli.config) if cli.subcommand else cli.config
+        files = ", ".join(str(f) for f in (config.get("config") or [])) or "the command line"
+        raise ConfigError(f"{files}: {_reason(str(exc))}") from exc
+
+
+def _reason(message: str) -> str:
+    """A constructor's own message out of jsonargparse's union report (its ``- ...`` line that is not ``NoneType``)."""
+    for line in message.splitlines():
+        line = line.strip()
+        if line.startswith("- ") and "Expected a <class 'NoneType'>" not in line:
+            return line[2:]
+    return message.strip().splitlines()[0] if message.strip() else message
+
+
+def latest_last_checkpoint(root: str | Path) -> Path | None:
+    """The newest ``last.ckpt`` (or ``last-v<N>.ckpt``) under ``root``, or None.
+
+    Lightning looks for ``last`` only in the new run's own checkpoint folder, and every run of the default logger
+    gets a new ``version_N`` folder; a run resumed with ``--ckpt_path=last`` would start from scratch. envace takes
+    the newest one written under the run's root instead (with none there, Lightning's warning and a fresh start).
+    """
+    candidates = [p for p in Path(root).rglob("last*.ckpt") if p.is_file() and _is_last(p.name)]
+    return max(candidates, key=lambda p: p.stat().st_mtime_ns, default=None)
+
+
+def _is_last(name: str) -> bool:
+    return name == "last.ckpt" or (name.startswith("last-v") and name[6:-5].isdigit() and name.endswith(".ckpt"))
 
 
 def with_atomic_checkpoints(plugins: Any) -> list[Any]:
@@ -60,22 +148,10 @@ class ConfigCheckCLI(EnvaceCLI):
 
     def instantiate_classes(self) -> None:
         """Instantiate the model, the DataModule and every class_path in the config, but build no Trainer."""
-        self.config_init = self.parser.instantiate_classes(self.config)
+        with _config_errors(self):
+            self.config_init = self.parser.instantiate_classes(self.config)
         self.datamodule = self._get(self.config_init, "data")
         self.model = self._get(self.config_init, "model")
-
-
-def main(args: ArgsType = None) -> None:
-    """Entry point of the ``envace`` console script (``envace export ...``: ``envace.export``)."""
-    import sys
-
-    argv = sys.argv[1:] if args is None else list(args) if isinstance(args, list | tuple) else []
-    if argv and argv[0] == "export":
-        from envace.export import main as export
-
-        export([str(a) for a in argv[1:]])
-        return
-    cli_main(args)
 
 
 def cli_main(args: ArgsType = None, run: bool = True, cli_class: type[EnvaceCLI] = EnvaceCLI) -> EnvaceCLI:
@@ -87,6 +163,7 @@ def cli_main(args: ArgsType = None, run: bool = True, cli_class: type[EnvaceCLI]
         cli_class: ``ConfigCheckCLI`` validates a config without building a Trainer.
     """
     set_parsing_settings(docstring_parse_attribute_docstrings=True)
+    quiet()  # again: a test runner may have reset the warning filters since import
     return cli_class(
         L.LightningModule,
         L.LightningDataModule,
@@ -96,8 +173,5 @@ def cli_main(args: ArgsType = None, run: bool = True, cli_class: type[EnvaceCLI]
         run=run,
         save_config_kwargs={"overwrite": True},
         auto_configure_optimizers=False,
+        parser_kwargs={"exit_on_error": False},  # errors reach envace.command, which names the file and key
     )
-
-
-if __name__ == "__main__":
-    main()

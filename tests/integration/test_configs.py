@@ -49,13 +49,14 @@ def test_cli_override_on_the_command_line() -> None:
 
 
 def test_unknown_class_path_is_a_one_line_parse_error(capsys: pytest.CaptureFixture[str]) -> None:
-    with mock.patch.object(sys, "argv", ["envace"]), pytest.raises(SystemExit):
-        main(
-            ["--config", str(CONFIGS[0].parent / "tiny.yaml"), "--model.world=envace.worlds.NoSuchWorld"],
-            run=False,
-            cli_class=ConfigCheckCLI,
-        )
-    assert "NoSuchWorld" in capsys.readouterr().err
+    from envace.command import main as envace
+
+    with pytest.raises(SystemExit) as done:
+        envace(["fit", "--config", str(CONFIGS[0].parent / "tiny.yaml"), "--model.world=envace.worlds.NoSuchWorld"])
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    (line,) = [line for line in err.splitlines() if line.startswith("envace: error:")]
+    assert "--model.world=envace.worlds.NoSuchWorld" in line and "Traceback" not in err
 
 
 @pytest.mark.parametrize(

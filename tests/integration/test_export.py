@@ -10,7 +10,8 @@ from unittest import mock
 import pytest
 import torch
 
-from envace.cli import cli_main, main
+from envace.cli import cli_main
+from envace.command import main
 
 TINY = str(Path(__file__).parents[2] / "lit_configs" / "tiny.yaml")
 LORA = '--model.policy.init_args.lora={"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}'
@@ -19,7 +20,7 @@ LORA = '--model.policy.init_args.lora={"r": 4, "alpha": 8, "target_modules": ["q
 def _fit(tmp_path: Path, *extra: str) -> Path:
     """One training step of the tiny config; its last checkpoint."""
     args = ["fit", "--config", TINY, f"--trainer.default_root_dir={tmp_path}",
-            f"--trainer.logger.init_args.save_dir={tmp_path}", "--trainer.max_steps=1",
+            "--trainer.max_steps=1",
             "--trainer.limit_val_batches=0", "--model.rollout.act_max_new_tokens=8",
             "--model.rollout.rehearse_max_new_tokens=8", *extra]
     with mock.patch.object(sys, "argv", ["envace"]):
