@@ -60,7 +60,7 @@ def run_setting(overrides: dict[str, int], steps: int) -> dict[str, float]:
         args = ["fit", "--config", str(ROOT / "lit_configs" / "tiny.yaml"), f"--trainer.max_steps={steps}",
                 "--trainer.limit_val_batches=0", "--trainer.enable_progress_bar=false",
                 "--trainer.enable_model_summary=false", "--trainer.callbacks=[]",
-                f"--trainer.logger.init_args.save_dir={workdir}", f"--trainer.default_root_dir={workdir}",
+                f"--trainer.default_root_dir={workdir}",
                 *(f"--{k}={v}" for k, v in {**BASE, **overrides}.items())]
         code = CHILD.format(bench=str(ROOT / "benchmarks"), args=args, workdir=workdir)
         env = dict(os.environ, OMP_NUM_THREADS="1")

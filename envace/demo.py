@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from envace.cli import cli_main
+from envace.errors import report_user_errors as guarded
+from envace.progress import ensure_handler, format_duration
 
 logger = logging.getLogger(__name__)
 
@@ -74,8 +76,7 @@ def fit(config: str, export_dir: str, root_dir: str, overrides: Sequence[str] = 
     """Run ``envace fit --config config`` with the export and output directories set, plus ``overrides``."""
     args = [
         "fit", "--config", config,
-        f"--trainer.default_root_dir={root_dir}",
-        f"--trainer.logger.init_args.save_dir={root_dir}",
+        f"--trainer.default_root_dir={root_dir}",   # logs and checkpoints (last.ckpt, for envace export) go here
         f"--model.init_args.export_dir={export_dir}",
         *overrides,
     ]
@@ -119,7 +120,7 @@ def format_table(rows: list[tuple[str, str, dict[str, float], str]]) -> str:
 
 
 def run_demo(out: str, sft_config: str, rl_config: str, sft_overrides: Sequence[str] = (),
-             rl_overrides: Sequence[str] = (), eval_tasks: int | None = None) -> str:
+             rl_overrides: Sequence[str] = (), eval_tasks: int | None = None, seed: int | None = None) -> str:
     """Run the three stages under ``out`` and return the results table.
 
     Args:
@@ -129,17 +130,25 @@ def run_demo(out: str, sft_config: str, rl_config: str, sft_overrides: Sequence[
         sft_overrides: extra ``envace fit`` arguments of the warm start.
         rl_overrides: extra ``envace fit`` arguments of the RL stage.
         eval_tasks: test on the first this-many tasks of each split (generated); None uses the packaged splits.
+        seed: ``seed_everything`` of every stage; None keeps the configs' (0).
     """
     splits = {k: v if eval_tasks is None else f"{v}:{eval_tasks}" for k, v in SPLITS.items()}
+    seeded = [] if seed is None else [f"--seed_everything={seed}"]
     start = time.perf_counter()
-    warm = fit(sft_config, f"{out}/sft/policy", f"{out}/sft", sft_overrides)
+    stages = 2 + 2 * len(splits)
+    logger.info("demo: stage 1/%d, SFT warm start (%s) -> %s/sft", stages, sft_config, out)
+    warm = fit(sft_config, f"{out}/sft/policy", f"{out}/sft", [*seeded, *sft_overrides])
+    logger.info("demo: stage 2/%d, EnvACE RL (%s) -> %s/rl; SFT took %s", stages, rl_config, out,
+                format_duration(warm.seconds))
     rl = fit(rl_config, f"{out}/rl/policy", f"{out}/rl",
-             [f"--model.init_args.policy.init_args.name_or_path={warm.export_dir}", *rl_overrides])
+             [f"--model.init_args.policy.init_args.name_or_path={warm.export_dir}", *seeded, *rl_overrides])
     real_calls = int(rl.metrics.get("train/real_calls_total", float("nan")))
     rows = []
     for name, stage, calls in (("warm start (SFT)", warm, "n/a"), ("EnvACE (rehearse RL)", rl, str(real_calls))):
         for split, tasks in splits.items():
-            rows.append((name, split, evaluate(rl_config, stage.export_dir, tasks, f"{out}/eval"), calls))
+            logger.info("demo: stage %d/%d, test of the %s on %s (%s elapsed)", len(rows) + 3, stages, name, split,
+                        format_duration(time.perf_counter() - start))
+            rows.append((name, split, evaluate(rl_config, stage.export_dir, tasks, f"{out}/eval", seeded), calls))
     table = format_table(rows)
     minutes = (time.perf_counter() - start) / 60
     return (f"{table}\n\nSFT {warm.seconds:.0f} s, RL {rl.seconds:.0f} s, total {minutes:.1f} min. "
@@ -157,9 +166,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--rl", action="append", default=[], metavar="OVERRIDE",
                         help="an extra `envace fit` argument for the RL stage (repeatable)")
     parser.add_argument("--eval-tasks", type=int, default=None, help="test on this many tasks per split")
+    parser.add_argument("--seed", type=int, default=None, help="seed of every stage (default: the configs' 0)")
     args = parser.parse_args(argv)
-    report = run_demo(args.out, args.sft_config, args.rl_config, [*DEMO_SFT, *args.sft], [*DEMO_RL, *args.rl],
-                      args.eval_tasks)
+    ensure_handler()
+    report = guarded(lambda: run_demo(args.out, args.sft_config, args.rl_config, [*DEMO_SFT, *args.sft],
+                                      [*DEMO_RL, *args.rl], args.eval_tasks, args.seed),
+                    ["--config", args.sft_config, "--config", args.rl_config, *args.sft, *args.rl])
     Path(args.out).mkdir(parents=True, exist_ok=True)
     Path(args.out, "results.md").write_text(report + "\n", encoding="utf-8")
     print(report)  # noqa: T201 (the demo's result is its output)

@@ -16,6 +16,7 @@ from typing import Any
 from envace.benchmarks.tau2 import (
     DOMAINS,
     MODES,
+    SOLO_DOMAINS,
     episode_trajectory,
     execute_call,
     fresh_environment,
@@ -153,10 +154,16 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(description="Export tau^2 train-split tasks as envace training tasks.")
     parser.add_argument("--export", required=True, metavar="OUT.jsonl")
-    parser.add_argument("--domains", nargs="+", default=list(DOMAINS), choices=DOMAINS)
+    parser.add_argument("--domains", nargs="+", default=None, choices=DOMAINS,
+                        help="default: every domain in user mode, the solo ones (telecom) in solo mode")
     parser.add_argument("--mode", default="user", choices=MODES)
     args = parser.parse_args(argv)
-    counts = export_training_tasks(args.domains, args.export, args.mode)
+    domains = args.domains or list(DOMAINS if args.mode == "user" else SOLO_DOMAINS)
+    userless = [d for d in domains if args.mode == "solo" and d not in SOLO_DOMAINS]
+    if userless:
+        parser.error(f"--mode solo: only {', '.join(SOLO_DOMAINS)} runs without a user simulator, not "
+                     f"{', '.join(userless)}")
+    counts = export_training_tasks(domains, args.export, args.mode)
     print(f"{args.export}: {counts}")  # noqa: T201 (a command line's result)
 
 

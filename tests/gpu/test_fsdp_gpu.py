@@ -27,13 +27,13 @@ def test_tiny_fit_with_strategy_fsdp(tmp_path: Path) -> None:
         "--trainer.accelerator=gpu", f"--trainer.devices={devices}", "--trainer.strategy=fsdp",
         "--trainer.precision=bf16-mixed", "--trainer.max_steps=4", "--trainer.val_check_interval=2",
         "--trainer.limit_val_batches=1", "--model.rollout.generate_batch_size=3", "--model.grpo.micro_batch_size=3",
-        f"--trainer.default_root_dir={tmp_path}", f"--trainer.logger.init_args.save_dir={tmp_path}",
+        f"--trainer.default_root_dir={tmp_path}",
     ]
     done = subprocess.run(cmd, cwd=tmp_path, env=dict(os.environ, HF_HUB_OFFLINE="1"), capture_output=True,
                           text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "`Trainer.fit` stopped: `max_steps=4` reached." in done.stdout + done.stderr
-    (events,) = (tmp_path / "envace").rglob("events.out.tfevents.*")
+    (events,) = (tmp_path / "lightning_logs").rglob("events.out.tfevents.*")
     accumulator = EventAccumulator(str(events))
     accumulator.Reload()
     assert {"val/success_act", "train/loss_act", "train/rollout_time_s"} <= set(accumulator.Tags()["scalars"])

@@ -34,7 +34,7 @@ def _callback(**init_args: Any) -> str:
 def _run(tmp_path: Path, command: str, callback: str, *extra: str):
     """``envace <command>`` on the tiny config with the callback; returns the CLI and the callback."""
     args = [command, "--config", TINY, f"--trainer.default_root_dir={tmp_path}",
-            f"--trainer.logger.init_args.save_dir={tmp_path}", f"--trainer.callbacks={callback}",
+            f"--trainer.callbacks={callback}",
             "--model.rollout.max_turns=2", "--model.rollout.act_max_new_tokens=8", *extra]
     with mock.patch.object(sys, "argv", ["envace"]):
         cli = main(args)

@@ -22,7 +22,7 @@ def _fit(tmp_path: Path, judge: ScriptedJudge, *extra: str) -> dict[str, list[fl
     rows = tmp_path / "rows.json"
     rows.write_text(json.dumps([make_row(i) for i in range(4)]), encoding="utf-8")
     args = ["--config", TINY, "--trainer.max_steps=2", "--trainer.limit_val_batches=0",
-            f"--trainer.default_root_dir={tmp_path}", f"--trainer.logger.init_args.save_dir={tmp_path}",
+            f"--trainer.default_root_dir={tmp_path}",
             "--trainer.enable_checkpointing=false", "--trainer.callbacks=[]",
             f"--data.train_tasks=reference:{rows}", f"--data.val_tasks=reference:{rows}",
             "--model.world=envace.worlds.RehearseWorld", "--model.eval_world=envace.worlds.RehearseWorld",

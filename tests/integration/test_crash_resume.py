@@ -41,7 +41,8 @@ def _config(tmp: Path, name: str, steps: int, kill_at: int | None = None) -> Pat
     trainer = config["trainer"]
     trainer.update(max_steps=steps, limit_val_batches=0, default_root_dir=str(tmp / "runs" / name),
                    enable_progress_bar=False)
-    trainer["logger"]["init_args"].update(save_dir=str(tmp / "runs" / name), version=0)
+    trainer["logger"] = {"class_path": "lightning.pytorch.loggers.TensorBoardLogger",  # the resumed run's events
+                         "init_args": {"save_dir": str(tmp / "runs" / name), "version": 0}}  # join the first's
     trainer["callbacks"] = [{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
                              "init_args": {"dirpath": str(tmp / "ckpt" / name), "every_n_train_steps": 2,
                                            "save_last": True, "save_top_k": -1}}]

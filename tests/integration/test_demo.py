@@ -7,6 +7,7 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
+import torch
 
 from envace import demo
 
@@ -32,6 +33,16 @@ def test_demo_runs_all_stages_and_prints_the_table(tmp_path: Path, capsys: pytes
     assert "Real tool calls during RL: 0 (counted by the module)." in out
     assert out.strip().endswith((tmp_path / "results.md").read_text(encoding="utf-8").strip())
     assert (tmp_path / "sft/policy/config.json").is_file() and (tmp_path / "rl/policy/config.json").is_file()
+    # Lightning checkpoints of both stages, under each stage's root: envace export works on what the demo trained
+    (sft_last,) = (tmp_path / "sft").rglob("last.ckpt")
+    (rl_last,) = (tmp_path / "rl").rglob("last.ckpt")
+    assert torch.load(sft_last, weights_only=True)["global_step"] == 3
+    assert torch.load(rl_last, weights_only=True)["global_step"] == 2
+    from envace.command import main as envace
+
+    envace(["export", "--config", str(ROOT / "lit_configs/tiny_rl.yaml"), "--ckpt_path", str(rl_last),
+            "--out", str(tmp_path / "export"), f"--model.policy.init_args.name_or_path={tmp_path / 'sft/policy'}"])
+    assert (tmp_path / "export/merged/config.json").is_file()
 
 
 def test_format_table_marks_missing_metrics() -> None:

@@ -27,14 +27,13 @@ def test_fsdp2_two_processes_on_cpu(tmp_path: Path) -> None:
         "--model.grpo.micro_batch_size=3",  # and their rows into different numbers of micro-batches
         "--model.grpo.mini_batches=2",
         f"--trainer.default_root_dir={tmp_path}",
-        f"--trainer.logger.init_args.save_dir={tmp_path}",
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", HF_HUB_OFFLINE="1")
     done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "FSDPLlamaForCausalLM" in done.stdout  # the policy really was sharded with fully_shard
     assert "`Trainer.fit` stopped: `max_steps=4` reached." in done.stdout + done.stderr  # 2 rollouts x 2 steps
-    (events,) = (tmp_path / "envace").rglob("events.out.tfevents.*")
+    (events,) = (tmp_path / "lightning_logs").rglob("events.out.tfevents.*")
     accumulator = EventAccumulator(str(events))
     accumulator.Reload()
     assert {"val/success_act", "train/loss_align"} <= set(accumulator.Tags()["scalars"])
@@ -48,14 +47,14 @@ def test_ddp_two_processes_on_cpu(tmp_path: Path) -> None:
         "--trainer.devices=2", "--trainer.accelerator=cpu", "--trainer.strategy=ddp",
         "--trainer.max_steps=4", "--trainer.val_check_interval=2", "--trainer.limit_val_batches=1",
         "--model.rollout.generate_batch_size=3", "--model.grpo.micro_batch_size=3",
-        f"--trainer.default_root_dir={tmp_path}", f"--trainer.logger.init_args.save_dir={tmp_path}",
+        f"--trainer.default_root_dir={tmp_path}",
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", HF_HUB_OFFLINE="1")
     done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "`Trainer.fit` stopped: `max_steps=4` reached." in done.stdout + done.stderr
     assert "sync_dist=True" not in done.stderr  # every epoch-level value is reduced across the ranks
-    (events,) = (tmp_path / "envace").rglob("events.out.tfevents.*")
+    (events,) = (tmp_path / "lightning_logs").rglob("events.out.tfevents.*")
     accumulator = EventAccumulator(str(events))
     accumulator.Reload()
     assert {"val/success_act", "val/fidelity_exact_match", "train/loss_act"} <= set(accumulator.Tags()["scalars"])

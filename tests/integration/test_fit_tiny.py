@@ -31,7 +31,7 @@ REQUIRED_TAGS = [
 
 def _fit(tmp_path: Path, *extra: str):
     args = ["fit", "--config", TINY, "--trainer.max_steps=2", "--trainer.limit_val_batches=0",
-            f"--trainer.default_root_dir={tmp_path}", f"--trainer.logger.init_args.save_dir={tmp_path}", *extra]
+            f"--trainer.default_root_dir={tmp_path}", *extra]
     with mock.patch.object(sys, "argv", ["envace"]):
         return main(args)
 

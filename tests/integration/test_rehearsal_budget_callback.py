@@ -26,7 +26,7 @@ def test_the_ablation_runs_every_budget_in_both_modes_and_writes_its_files(tmp_p
                             "init_args": {"tasks": "builtin:bank-test", "limit": 3, "budgets": [0, 1, 2],
                                           "horizon": 1, "output_dir": str(tmp_path / "ablation")}}])
     args = ["test", "--config", TINY, f"--trainer.default_root_dir={tmp_path}",
-            f"--trainer.logger.init_args.save_dir={tmp_path}", f"--trainer.callbacks={callback}",
+            f"--trainer.callbacks={callback}",
             "--trainer.limit_test_batches=1", "--data.test_tasks=builtin:bank-test:2",
             "--model.rollout.rehearse_max_new_tokens=8"]
     with mock.patch.object(sys, "argv", ["envace"]):
