@@ -130,14 +130,17 @@ def run_demo(out: str, sft_config: str, rl_config: str, sft_overrides: Sequence[
         sft_overrides: extra ``envace fit`` arguments of the warm start.
         rl_overrides: extra ``envace fit`` arguments of the RL stage.
         eval_tasks: test on the first this-many tasks of each split (generated); None uses the packaged splits.
-        seed: ``seed_everything`` of every stage; None keeps the configs' (0).
+        seed: the seed of everything random (``seed_everything``, the tiny policy's initial weights, the task
+            order of both stages); None keeps the configs' (0). The warm start is teacher-forced and its validation
+            greedy: only the weights and the task order make two seeds' warm starts differ.
     """
     splits = {k: v if eval_tasks is None else f"{v}:{eval_tasks}" for k, v in SPLITS.items()}
-    seeded = [] if seed is None else [f"--seed_everything={seed}"]
+    seeded = [] if seed is None else [f"--seed_everything={seed}", f"--data.seed={seed}"]
+    initial = [] if seed is None else [f"--model.init_args.policy.init_args.seed={seed}"]
     start = time.perf_counter()
     stages = 2 + 2 * len(splits)
     logger.info("demo: stage 1/%d, SFT warm start (%s) -> %s/sft", stages, sft_config, out)
-    warm = fit(sft_config, f"{out}/sft/policy", f"{out}/sft", [*seeded, *sft_overrides])
+    warm = fit(sft_config, f"{out}/sft/policy", f"{out}/sft", [*seeded, *initial, *sft_overrides])
     logger.info("demo: stage 2/%d, EnvACE RL (%s) -> %s/rl; SFT took %s", stages, rl_config, out,
                 format_duration(warm.seconds))
     rl = fit(rl_config, f"{out}/rl/policy", f"{out}/rl",
@@ -148,7 +151,8 @@ def run_demo(out: str, sft_config: str, rl_config: str, sft_overrides: Sequence[
         for split, tasks in splits.items():
             logger.info("demo: stage %d/%d, test of the %s on %s (%s elapsed)", len(rows) + 3, stages, name, split,
                         format_duration(time.perf_counter() - start))
-            rows.append((name, split, evaluate(rl_config, stage.export_dir, tasks, f"{out}/eval", seeded), calls))
+            rows.append((name, split, evaluate(rl_config, stage.export_dir, tasks, f"{out}/eval",
+                                                  seeded[:1]), calls))
     table = format_table(rows)
     minutes = (time.perf_counter() - start) / 60
     return (f"{table}\n\nSFT {warm.seconds:.0f} s, RL {rl.seconds:.0f} s, total {minutes:.1f} min. "
@@ -166,7 +170,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--rl", action="append", default=[], metavar="OVERRIDE",
                         help="an extra `envace fit` argument for the RL stage (repeatable)")
     parser.add_argument("--eval-tasks", type=int, default=None, help="test on this many tasks per split")
-    parser.add_argument("--seed", type=int, default=None, help="seed of every stage (default: the configs' 0)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="seed of the weights, the task order and sampling (default: the configs' 0)")
     args = parser.parse_args(argv)
     ensure_handler()
     report = guarded(lambda: run_demo(args.out, args.sft_config, args.rl_config, [*DEMO_SFT, *args.sft],

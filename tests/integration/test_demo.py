@@ -48,3 +48,27 @@ def test_demo_runs_all_stages_and_prints_the_table(tmp_path: Path, capsys: pytes
 def test_format_table_marks_missing_metrics() -> None:
     table = demo.format_table([("x", "test", {"success_act": 0.5}, "0")])
     assert "| x | test | 0.500 | n/a |" in table
+
+
+def test_the_seed_reaches_the_weights_the_task_order_and_sampling(monkeypatch: pytest.MonkeyPatch) -> None:
+    fits: list[tuple[str, list[str]]] = []
+    tests: list[list[str]] = []
+
+    def fit(config: str, export_dir: str, root_dir: str, overrides: list[str] = ()) -> demo.StageResult:
+        fits.append((config, list(overrides)))
+        return demo.StageResult(export_dir, 1.0, 1, {"train/real_calls_total": 0.0})
+
+    def evaluate(config: str, policy: str, tasks: str, root: str, overrides: list[str] = ()) -> dict[str, float]:
+        tests.append(list(overrides))
+        return {"success_act": 1.0}
+
+    monkeypatch.setattr(demo, "fit", fit)
+    monkeypatch.setattr(demo, "evaluate", evaluate)
+    demo.run_demo("out", "sft.yaml", "rl.yaml", ["--x=1"], ["--y=2"], seed=7)
+    (_, sft), (_, rl) = fits
+    assert sft == ["--seed_everything=7", "--data.seed=7", "--model.init_args.policy.init_args.seed=7", "--x=1"]
+    assert rl[1:] == ["--seed_everything=7", "--data.seed=7", "--y=2"]  # rl[0]: the warm start's policy
+    assert tests == [["--seed_everything=7"]] * 4
+    fits.clear()
+    demo.run_demo("out", "sft.yaml", "rl.yaml", seed=None)
+    assert fits[0][1] == [] and fits[1][1][1:] == []  # the configs' own seeds
