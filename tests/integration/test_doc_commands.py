@@ -499,6 +499,9 @@ REGISTRY: dict[str, Entry] = {
     "scripts/train.sh": run("demo", same_as=DEMO_RL, parse=bash_syntax(TRAIN_SH),
                             why="what it executes runs in the entry above, with one more --rl= argument"),
     "python -m envace.demo": run("demo", same_as=DEMO_RL, why="run by the train.sh entry, which executes it"),
+    "python -m envace.demo --seed N": run(
+        "demo", *DEMO_TINY, subs=(("N", "1"),), check=expect_output("| EnvACE (rehearse RL) | heldout |"),
+        why="N: 1; both stages tiny, as in the train.sh entry"),
     ".venv/bin/envace fit --config lit_configs/tiny_rl.yaml --model.policy.init_args.name_or_path=runs/demo/sft/policy "
     "--model.world=envace.worlds.RealWorld": run("demo", *RL_TINY, why="from the tiny demo's warm start"),
     ".venv/bin/tensorboard --logdir runs/demo": parse_only(
