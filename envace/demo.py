@@ -26,7 +26,7 @@ from envace.cli import cli_main
 from envace.errors import report_user_errors as guarded
 from envace.progress import ensure_handler, format_duration
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("envace.demo")  # not __name__: it is "__main__" under python -m envace.demo
 
 SPLITS = {"test": "builtin:bank-test", "heldout": "builtin:bank-heldout"}
 """The evaluation splits: in-distribution test tasks, and held-out task templates."""

@@ -72,3 +72,16 @@ def test_the_seed_reaches_the_weights_the_task_order_and_sampling(monkeypatch: p
     fits.clear()
     demo.run_demo("out", "sft.yaml", "rl.yaml", seed=None)
     assert fits[0][1] == [] and fits[1][1][1:] == []  # the configs' own seeds
+
+
+def test_python_m_envace_demo_reports_its_stages_and_mistakes_in_one_line(tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    run = subprocess.run([sys.executable, "-m", "envace.demo", "--out", str(tmp_path), "--sft-config",
+                          str(tmp_path / "missing.yaml")], capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1"))
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert "demo: stage 1/6, SFT warm start" in run.stderr  # run as __main__, the demo still logs through envace
+    errors = [line for line in run.stderr.splitlines() if line.startswith("envace: error:")]
+    assert len(errors) == 1 and "missing.yaml" in errors[0] and "Traceback" not in run.stderr
