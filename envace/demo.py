@@ -32,7 +32,7 @@ SPLITS = {"test": "builtin:bank-test", "heldout": "builtin:bank-heldout"}
 """The evaluation splits: in-distribution test tasks, and held-out task templates."""
 
 DEMO_SFT = (
-    "--trainer.max_steps=1000",               # the 10-minute budget; the configs alone train to a plateau
+    "--trainer.max_steps=1000",               # the demo's budget; the configs alone train to a plateau
     "--trainer.val_check_interval=250",
     "--data.val_tasks=builtin:bank-val:64",
 )

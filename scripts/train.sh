@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The embedded demo (tiny policy, built-in bank domain, CPU, about 10 minutes on 2 cores): SFT warm start, EnvACE
+# The embedded demo (tiny policy, built-in bank domain, CPU, about 7 minutes on 2 idle cores): SFT warm start, EnvACE
 # rehearsal RL with no real tool call, then a real-environment test of both checkpoints, printed as a table.
 # Extra arguments go to `python -m envace.demo`, e.g. scripts/train.sh --rl=--trainer.max_steps=100
 set -euo pipefail
