@@ -29,7 +29,7 @@ from lightning.pytorch.plugins.io import CheckpointIO  # noqa: E402
 from lightning.pytorch.utilities import rank_zero_info  # noqa: E402
 
 from envace.checkpoint import AtomicCheckpointIO, CheckpointError, damaged_message  # noqa: E402
-from envace.errors import ConfigError  # noqa: E402
+from envace.errors import ConfigError, parser_reason  # noqa: E402
 from envace.noise import quiet  # noqa: E402
 from envace.progress import ProgressLines  # noqa: E402
 
@@ -108,16 +108,7 @@ def _config_errors(cli: LightningCLI) -> Iterator[None]:
             raise
         config = cli.config.get(cli.subcommand, cli.config) if cli.subcommand else cli.config
         files = ", ".join(str(f) for f in (config.get("config") or [])) or "the command line"
-        raise ConfigError(f"{files}: {_reason(str(exc))}") from exc
-
-
-def _reason(message: str) -> str:
-    """A constructor's own message out of jsonargparse's union report (its ``- ...`` line that is not ``NoneType``)."""
-    for line in message.splitlines():
-        line = line.strip()
-        if line.startswith("- ") and "Expected a <class 'NoneType'>" not in line:
-            return line[2:]
-    return message.strip().splitlines()[0] if message.strip() else message
+        raise ConfigError(f"{files}: {parser_reason(str(exc))}") from exc
 
 
 def latest_last_checkpoint(root: str | Path) -> Path | None:

@@ -76,12 +76,11 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
 
 _NOISE = (
     "Does not validate against any of the Union subtypes", "Subtypes:", "Errors:", "Given value type:",
-    "Given value:", "- Expected a <class 'NoneType'>", "- Problem with given class_path",
+    "Given value:", "Expected a <class 'NoneType'>", "Problem with given class_path",
 )
 _PARSER_KEY = re.compile(r'^Parser key "([^"]+)":\s*(.*)$')
 _GROUP_OPTION = re.compile(r"Group '([^']+)' does not accept option '([^']+)'")
-_SUBCOMMAND_OPTION = re.compile(r"Subcommand '[^']+' does not accept option '([^']+)'")
-_OPTION = re.compile(r"Option '([^']+)' is not accepted")
+_OPTION = re.compile(r"Subcommand '[^']+' does not accept option '([^']+)'|Option '([^']+)' is not accepted")
 _KEY = re.compile(r"""Key ["']([^"']+)["']""")
 _UNRECOGNISED = re.compile(r"unrecognized arguments: (.+)")
 
@@ -114,14 +113,12 @@ def _key_and_reason(text: str) -> tuple[str | None, str]:
             line = match.group(2).strip()
             if not line:
                 continue
-        if not line or line.startswith(_NOISE) or f"- {line}".startswith(_NOISE):
+        if not line or line.startswith(_NOISE):
             continue
         if m := _GROUP_OPTION.search(line):
             return ".".join([*prefix, m.group(1), m.group(2)]), "unknown key"
-        if m := _SUBCOMMAND_OPTION.search(line):
-            return ".".join([*prefix, m.group(1)]), "unknown key"
         if m := _OPTION.search(line):
-            return ".".join([*prefix, m.group(1)]), "unknown key"
+            return ".".join([*prefix, m.group(1) or m.group(2)]), "unknown key"
         if m := _UNRECOGNISED.search(line):
             return None, f"unrecognised command-line argument(s): {m.group(1)}"
         if prefix == ["config"] or "File does not exist" in line:
@@ -130,6 +127,11 @@ def _key_and_reason(text: str) -> tuple[str | None, str]:
             return m.group(1), line
         return (".".join(prefix) or None), _short(line)
     return (".".join(prefix) or None), _short(text)
+
+
+def parser_reason(text: str) -> str:
+    """The reason in a jsonargparse report, without its union and value noise (e.g. a constructor's own message)."""
+    return _key_and_reason(text)[1]
 
 
 def _short(reason: str) -> str:
@@ -141,7 +143,7 @@ def _short(reason: str) -> str:
 def _flag_for(key: str, argv: Sequence[str]) -> str | None:
     """The command-line argument that set ``key`` (``--key=value`` or ``--key value``), if one did."""
     for i, arg in enumerate(argv):
-        name, eq, value = str(arg).partition("=")
+        name, eq, _ = str(arg).partition("=")
         if name == f"--{key}":
             return arg if eq else f"{arg} {argv[i + 1]}" if i + 1 < len(argv) else arg
     return None

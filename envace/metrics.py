@@ -6,9 +6,7 @@ per rehearsed call), so they stay comparable as episodes get longer.
 
 from __future__ import annotations
 
-import json
-
-from envace.types import Episode, Rehearsal, Role, is_error_value
+from envace.types import Episode, Rehearsal, Role, is_error_text
 
 
 def reports_error(rehearsal: Rehearsal) -> bool:
@@ -17,12 +15,7 @@ def reports_error(rehearsal: Rehearsal) -> bool:
     A real tool that raised or returned an error object, a cached such response, or a rehearsed one; not an error the
     world substituted for a malformed rehearsal (``ok`` False, counted in ``parse_error_rate_rehearse``).
     """
-    if not rehearsal.ok:
-        return False
-    try:
-        return is_error_value(json.loads(rehearsal.content))
-    except (ValueError, RecursionError):  # free text
-        return False
+    return rehearsal.ok and is_error_text(rehearsal.content)
 
 
 def _rate(numerator: float, denominator: float) -> float:

@@ -86,8 +86,7 @@ class ProgressLines(L.Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Start reporting the fit (steps out of ``max_steps``)."""
-        total = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else math.inf
-        self._start(trainer, "fit", trainer.global_step, total, "step")
+        self._start(trainer, "fit", trainer.global_step, _fit_total(trainer), "step")
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
         """Count a step; a line if ``interval_s`` passed."""
@@ -113,8 +112,7 @@ class ProgressLines(L.Callback):
             return
         self._end(trainer)
         if trainer.state.fn == "fit":
-            total = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else math.inf
-            self._resume(trainer, "fit", trainer.global_step, total, "step")
+            self._resume_fit(trainer)
 
     def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Report test batches."""
@@ -164,15 +162,15 @@ class ProgressLines(L.Callback):
             self._stage = _Stage(name, done, total, time.monotonic(), unit)
             if name == "fit":
                 self._fit_started = self._stage.started
-        self._emit(f"{name}: started" + (f", {int(total)} {unit}es" if unit == "batch" and math.isfinite(total)
-                                         else f", {int(total)} {unit}s" if math.isfinite(total) else ""))
+        plural = "batches" if unit == "batch" else f"{unit}s"
+        self._emit(f"{name}: started" + (f", {int(total)} {plural}" if math.isfinite(total) else ""))
         self._start_timer()
 
-    def _resume(self, trainer: L.Trainer, name: str, done: int, total: float, unit: str) -> None:
-        """Back to an interrupted stage (the fit after a validation), keeping its start time."""
+    def _resume_fit(self, trainer: L.Trainer) -> None:
+        """Back to the fit after a validation, keeping its start time."""
         with self._lock:
             started = time.monotonic() if self._fit_started is None else self._fit_started
-            self._stage = _Stage(name, done, total, started, unit)
+            self._stage = _Stage("fit", trainer.global_step, _fit_total(trainer), started, "step")
         self._start_timer()
 
     def _advance(self, trainer: L.Trainer, done: int) -> None:
@@ -219,9 +217,9 @@ class ProgressLines(L.Callback):
             self._timer.join(timeout=10)
         self._timer = None
 
-    def state_dict(self) -> dict[str, Any]:
-        """Nothing to save (the lines are not part of a run's state)."""
-        return {}
+def _fit_total(trainer: L.Trainer) -> float:
+    """The fit's ``max_steps`` (inf when it has none)."""
+    return trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else math.inf
 
 
 def _batches(counts: Any) -> float:

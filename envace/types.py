@@ -212,6 +212,14 @@ def is_error_value(value: Any) -> bool:
     return isinstance(value, dict) and bool(value.get("error"))
 
 
+def is_error_text(text: Any) -> bool:
+    """Whether a tool's response text is the JSON of an error object (``is_error_value``); free text is not."""
+    try:
+        return is_error_value(json.loads(text))
+    except (TypeError, ValueError, RecursionError):  # free text (or not text at all): no error object
+        return False
+
+
 @dataclass(frozen=True)
 class ToolCall:
     """A parsed, schema-valid tool call."""

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from envace.errors import UserError
-from envace.types import EnvSpec, ToolCall, is_error_value
+from envace.types import EnvSpec, ToolCall, is_error_text, is_error_value
 
 DEFAULT_TOOL_TIMEOUT_S = 30.0
 """Seconds a real tool call (or an environment's constructor) may take before it is answered with a timeout error."""
@@ -208,7 +208,7 @@ class RealEnvironment:
         if self.toolbox:
             if not returned:
                 raise value
-            return value, not _is_error_text(value)
+            return value, not is_error_text(value)
         if not returned:  # a tool error is a normal observation
             return _error_content(f"{type(value).__name__}: {value}"), False
         return json.dumps(value, ensure_ascii=False, default=str), not is_error_value(value)
@@ -275,14 +275,6 @@ def is_toolbox(instance: Any) -> bool:
     list its ``tools`` (they cannot be derived from the class).
     """
     return callable(getattr(instance, "tool_names", None)) and callable(getattr(instance, "call_tool", None))
-
-
-def _is_error_text(text: Any) -> bool:
-    """A toolbox's result text that is the JSON of an error object."""
-    try:
-        return is_error_value(json.loads(text))
-    except (TypeError, ValueError, RecursionError):  # plain text (or not text at all): no error object
-        return False
 
 
 def _error_content(message: str) -> str:
