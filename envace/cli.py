@@ -35,6 +35,7 @@ from envace.progress import ProgressLines  # noqa: E402
 
 EXPORT_HELP = "Write a checkpoint's policy as a Hugging Face model (and a LoRA policy's adapter)."
 """``envace export`` is run by ``envace.command``; the CLI lists it among the subcommands."""
+PREPARE_HELP = "Turn a GGUF checkpoint (e.g. the packaged SmolLM2-135M-Instruct) into a Hugging Face directory, once."
 
 
 class EnvaceCLI(LightningCLI):
@@ -48,13 +49,16 @@ class EnvaceCLI(LightningCLI):
         return commands
 
     def _add_subcommands(self, parser: LightningArgumentParser, **kwargs: Any) -> None:
-        """Lightning's subcommands, and ``export`` listed beside them (``envace export --help`` describes it)."""
+        """Lightning's subcommands, and ``export`` and ``prepare-model`` listed beside them (each has ``--help``)."""
         super()._add_subcommands(parser, **kwargs)
         export = LightningArgumentParser(description=EXPORT_HELP)
         export.add_argument("--config", help="the config the policy was trained with")
         export.add_argument("--ckpt_path", help="a Lightning checkpoint file (e.g. last.ckpt)")
         export.add_argument("--out", help="output folder")
         parser._subcommands_action.add_subcommand("export", export, help=EXPORT_HELP)
+        prepare = LightningArgumentParser(description=PREPARE_HELP)
+        prepare.add_argument("name", nargs="?", help="a packaged model (envace prepare-model --list)")
+        parser._subcommands_action.add_subcommand("prepare-model", prepare, help=PREPARE_HELP)
 
     def _parse_ckpt_path(self) -> None:
         """Lightning reads a ``--ckpt_path`` file's hyperparameters while parsing; a damaged file is named."""

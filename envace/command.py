@@ -1,4 +1,4 @@
-"""The ``envace`` command: ``fit``, ``validate`` and ``test`` (``envace.cli``, LightningCLI) and ``export``.
+"""The ``envace`` command: ``fit``, ``validate``, ``test`` (``envace.cli``), ``export``, ``prepare-model``.
 
 A mistake in what the user gave (a task file, a config, a checkpoint, a command-line argument) ends the command
 with one line on stderr that names the file, line and key, and exit status 2; ``ENVACE_DEBUG=1`` shows the full
@@ -26,6 +26,10 @@ def run(argv: list[str]) -> Any:
         from envace.export import main as export
 
         return export([str(a) for a in argv[1:]])
+    if argv and argv[0] == "prepare-model":
+        from envace.models import main as prepare_model
+
+        return prepare_model([str(a) for a in argv[1:]])
     from envace.cli import cli_main
 
     return cli_main(argv)

@@ -47,7 +47,7 @@ def rollout_metrics(episodes: list[Episode]) -> dict[str, float]:
         "reward_rehearse": _mean([r.reward for r in rehearsals]),
         "success_act": _mean([float(e.success) for e in scored]),
         "success_rehearse": _mean(reh_success),
-        "tokens_act": float(sum(e.act.role_ids.count(int(Role.ACT)) for e in episodes)),
+        "tokens_act": float(sum(row.role_ids.count(int(Role.ACT)) for e in episodes for row in e.act_rows())),
         "tokens_rehearse": float(sum(r.sample.loss_mask.count(1) for r in rehearsals if r.sample is not None)),
         "parse_error_rate_act": _rate(sum(s.act_parse_errors for s in stats), act_turns),
         "parse_error_rate_rehearse": _rate(sum(s.rehearse_parse_errors for s in stats), rehearsed),
@@ -70,6 +70,7 @@ def rollout_metrics(episodes: list[Episode]) -> dict[str, float]:
         "user_turns_per_episode": _rate(sum(s.user_turns for s in stats), n),
         "user_stop_rate": _rate(sum(s.user_stop for s in stats), n),  # conversations the simulated user ended
         "gate_stop_rate": _rate(sum(s.gate_stop for s in stats), n),  # ended by the turn gate (checklist)
+        "rerenders_per_episode": _rate(sum(s.rerenders for s in stats), n),  # new act rows: the template rewrote
         "user_failures": float(sum(s.user_failures for s in stats)),  # simulated-user replies that failed
         "private_rehearsals_per_episode": _rate(sum(s.private_rehearsals for s in stats), n),  # test-time attempts
         "private_tokens_per_episode": _rate(sum(s.private_tokens for s in stats), n),

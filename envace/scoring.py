@@ -59,7 +59,8 @@ def _score(episode: Episode, rewards: list[Reward], shaping: PredictionErrorShap
     if spec.calls or spec.answer is not None:
         episode.success = task_score(episode.task, episode.calls, episode.final_answer) >= 1.0 - 1e-9
     # else: a checklist task without a success spec (its reward is the checklist judge's): success stays False
-    episode.act.reward = episode.reward
+    for row in episode.act_rows():
+        row.reward = episode.reward
     for rehearsal, extra in zip(episode.rehearsals, extras):
         rehearsal.reward = episode.reward + extra
         if rehearsal.sample is not None:

@@ -312,6 +312,7 @@ class EpisodeStats:
     user_turn_limit: bool = False  # ended by max_user_turns while more user turns would have followed
     gate_stop: bool = False  # ended after a user turn by the turn gate (a required checklist standard unmet)
     user_failures: int = 0  # simulated-user replies that could not be produced (the episode ended; not scored)
+    rerenders: int = 0  # the chat template rewrote earlier turns, so a new act row began from the re-rendered context
     private_rehearsals: int = 0  # imagined attempts before committed act turns (test-time private rehearsal)
     private_tokens: int = 0  # tokens generated for them (act, rehearse and judging)
     private_real_calls: int = 0  # real calls they made: always 0 (checked)
@@ -337,7 +338,12 @@ class Episode:
         task: the task.
         group_index: GRPO group index within the rollout batch.
         messages: the semantic conversation (parsed tool calls, tool responses), OpenAI format.
-        act: the act role's row: the whole dialogue as the agent saw and wrote it.
+        act: the act role's row: the dialogue as the agent saw and wrote it (the last row, when there are several).
+        earlier_act: the act role's earlier rows, oldest first. A chat template that rewrites earlier turns when a
+            later message arrives (Qwen3's drops reasoning before the last user message) cannot extend the row it
+            generated in; the next generation then starts a new row from the re-rendered context, as the EnvACE
+            authors' rollouts do, so no row ever trains a re-tokenised generation. Empty for prefix-preserving
+            templates (one row per episode).
         rehearsals: tool calls answered by the world, in order.
         calls: every schema-valid call issued, in order.
         final_answer: the act role's last plain-text message, if the episode ended with one.
@@ -362,23 +368,29 @@ class Episode:
     success: bool = False
     audit: Any = None
     call_steps: list[tuple[int, list[ToolCall]]] = field(default_factory=list)
+    earlier_act: list[Sample] = field(default_factory=list)
+
+    def act_rows(self) -> list[Sample]:
+        """The act role's rows, oldest first (``earlier_act``, then ``act``)."""
+        return [*self.earlier_act, self.act]
 
     def samples(self) -> list[Sample]:
-        """All training rows of this episode: the act row, then the trained rehearse rows.
+        """All training rows of this episode: the act rows (oldest first), then the trained rehearse rows.
 
         An episode whose act role never spoke (its simulated user failed to open) has no act row; a failed episode
         (``stats.failed``) has no rows at all, so it neither trains nor enters its group's baseline.
         """
         if self.stats.failed:
             return []
-        act = [self.act] if self.act.token_ids else []
+        act = [row for row in self.act_rows() if row.token_ids]
         return act + [r.sample for r in self.rehearsals if r.sample is not None]
 
 
 def unreward(episode: Episode) -> None:
     """A failed episode's rewards: 0 for the episode, NaN for every row (no row of it is trained or baselined)."""
     episode.reward, episode.success = 0.0, False
-    episode.act.reward = float("nan")
+    for row in episode.act_rows():
+        row.reward = float("nan")
     for rehearsal in episode.rehearsals:
         rehearsal.reward = float("nan")
         if rehearsal.sample is not None:

@@ -16,7 +16,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 LOCK = Path(__file__).resolve().parents[1] / "requirements.lock"
-EXTRAS = frozenset({"dev", "bench"})  # the extras scripts/lock.sh resolves
+EXTRAS = frozenset({"dev", "bench", "models", "vs-trl"})  # the extras scripts/lock.sh resolves
 
 
 def read_lock(path: Path = LOCK) -> tuple[dict[str, Requirement], set[str]]:

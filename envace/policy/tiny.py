@@ -21,6 +21,8 @@ import torch
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from envace.policy.templates import load_chat_template
+
 NUMBER_PAT = r"\p{N}{1,3}"  # the only pre-tokenizer split: runs of up to three digits stand alone
 DEFAULT_VOCAB = 4096
 
@@ -38,43 +40,8 @@ MARKUP = [
     "</execution_result>",
 ]
 
-# Qwen2.5-style ChatML template with tools; {% generation %} marks assistant tokens so that
-# apply_chat_template(..., return_assistant_tokens_mask=True) yields a loss mask.
-CHAT_TEMPLATE = r"""{%- if tools %}
-{{- '<|im_start|>system\n' }}
-{%- if messages[0].role == 'system' %}{{- messages[0].content }}{%- else %}{{- 'You are a helpful assistant.' }}{%- endif %}
-{{- "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
-{%- for tool in tools %}{{- "\n" }}{{- tool | tojson }}{%- endfor %}
-{{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
-{%- else %}
-{%- if messages[0].role == 'system' %}{{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}{%- endif %}
-{%- endif %}
-{%- for message in messages %}
-{%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}
-{{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}
-{%- elif message.role == 'assistant' %}
-{{- '<|im_start|>assistant\n' }}
-{%- generation %}
-{%- if message.content %}{{- message.content }}{%- endif %}
-{%- if message.tool_calls %}
-{%- for tool_call in message.tool_calls %}
-{%- if tool_call.function is defined %}{%- set tool_call = tool_call.function %}{%- endif %}
-{%- if message.content or not loop.first %}{{- '\n' }}{%- endif %}
-{{- '<tool_call>\n{"name": "' + tool_call.name + '", "arguments": ' }}
-{%- if tool_call.arguments is string %}{{- tool_call.arguments }}{%- else %}{{- tool_call.arguments | tojson }}{%- endif %}
-{{- '}\n</tool_call>' }}
-{%- endfor %}
-{%- endif %}
-{{- '<|im_end|>' }}
-{%- endgeneration %}
-{{- '\n' }}
-{%- elif message.role == 'tool' %}
-{%- if loop.index0 == 0 or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}
-{{- '\n<tool_response>\n' + message.content + '\n</tool_response>' }}
-{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\n' }}{%- endif %}
-{%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"""  # noqa: E501
+# The packaged ChatML tool template (Qwen2.5-style, with {% generation %} assistant masks; envace.policy.templates).
+CHAT_TEMPLATE = load_chat_template("chatml-tools")
 
 _CORPUS_LINES = [
     "You are a helpful assistant. The user asks a question and the assistant answers.",

@@ -21,7 +21,7 @@ from envace.private_rehearsal import Attempt, JudgedCommit, MemoryCommit, Privat
 from envace.private_rehearsal import memory_text as format_memory
 from envace.rollout.engine import Engine, Generation, SamplingParams
 from envace.rollout.runner import EpisodeRunner, RolloutConfig, _Live
-from envace.rollout.stream import TokenStream, prompt_stream
+from envace.rollout.stream import TokenStream, context_stream
 from envace.types import Episode, Role, Task
 from envace.users import UserSimulator
 from envace.worlds.base import World
@@ -189,7 +189,7 @@ class RehearsingRunner(EpisodeRunner):
         cut = _header_tokens(self.tokenizer, s.stream, closed)
         if cut is None or not full.startswith(closed):
             self.rerendered += 1
-            return prompt_stream(self.tokenizer, s.transcript + [self._memory_message(text)], tools)
+            return context_stream(self.tokenizer, s.transcript + [self._memory_message(text)], tools)
         stream = TokenStream(s.stream.ids[: len(s.stream) - cut], s.stream.roles[: len(s.stream) - cut],
                              s.stream.mask[: len(s.stream) - cut], closed)
         stream.extend(encode(self.tokenizer, full[len(closed):]), Role.SYSTEM, full[len(closed):])
@@ -209,6 +209,7 @@ def make_runner(tokenizer: PreTrainedTokenizerBase, config: RolloutConfig, rehea
 def _fork_episode(episode: Episode) -> Episode:
     """A copy the attempt can grow: its own lists and counters (messages are only ever appended, never edited)."""
     return replace(episode, messages=list(episode.messages), act=copy.copy(episode.act),
+                   earlier_act=list(episode.earlier_act),
                    rehearsals=list(episode.rehearsals), calls=list(episode.calls),
                    call_steps=list(episode.call_steps), stats=replace(episode.stats))
 

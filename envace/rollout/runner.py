@@ -18,15 +18,16 @@ from typing import Any, Literal
 
 from transformers import PreTrainedTokenizerBase
 
-from envace.policy.chat import decode
+from envace.policy.chat import TemplateError, decode
 from envace.roles.parsing import CallError, parse_act_output, validate_call
 from envace.rollout.engine import Engine, Generation, SamplingParams, sessions
-from envace.rollout.stream import TokenStream, append_messages, prompt_stream
+from envace.rollout.stream import RenderDiverged, TokenStream, append_messages, context_stream
 from envace.types import Episode, Rehearsal, Role, Sample, Task, ToolCall, error_text
 from envace.users import UserRequest, UserSimulator
 from envace.worlds.base import ToolReply, ToolRequest, World, failed_reply
 
 ErrorPolicy = Literal["feedback", "end"]
+RerenderPolicy = Literal["new_row", "error"]
 
 
 @dataclass
@@ -62,6 +63,10 @@ class RolloutConfig:
             ``generate`` per call, every prompt read from scratch). Both sample the same distribution.
         cache_entries: with the cached engine, most sequences a rollout keeps for reuse (least recently used
             evicted); each costs its keys and values (``2 x layers x kv_heads x head_dim`` values per token).
+        on_rerender: what happens when the chat template rewrites text already in the act row as a message is
+            added (Qwen3 drops the reasoning of turns before the last user message): ``new_row`` (the EnvACE
+            authors' behaviour) closes the row and starts the next generation in a new row from the re-rendered
+            context, so a trained token is always a generated one; ``error`` refuses such a template.
     """
 
     max_turns: int = 8
@@ -81,12 +86,15 @@ class RolloutConfig:
     validate_calls: bool = True
     engine: Literal["cached", "hf"] = "cached"
     cache_entries: int = 256
+    on_rerender: RerenderPolicy = "new_row"
 
     def __post_init__(self) -> None:
         if self.engine not in ("cached", "hf"):
             raise ValueError(f"rollout.engine must be 'cached' or 'hf', got {self.engine!r}")
         if self.cache_entries < 1:
             raise ValueError(f"rollout.cache_entries must be at least 1, got {self.cache_entries}")
+        if self.on_rerender not in ("new_row", "error"):
+            raise ValueError(f"rollout.on_rerender must be 'new_row' or 'error', got {self.on_rerender!r}")
 
     def act_params(self) -> SamplingParams:
         """Sampling of the act role."""
@@ -112,6 +120,8 @@ class _Live:
     unlocked: set[str] = field(default_factory=set)  # hidden tools the user turns delivered so far brought
     awaiting_user: bool = False  # the simulated user writes next
     user_state: dict[str, Any] = field(default_factory=dict)  # the user simulator's scratch space
+    closed: list[TokenStream] = field(default_factory=list)  # earlier act rows (the template rewrote their text)
+    generated: list[list[list[int]]] = field(default_factory=lambda: [[]])  # per row: its act generations' ids
 
 
 class EpisodeRunner:
@@ -196,7 +206,7 @@ class EpisodeRunner:
         """The task's rendered first prompt: rendered once per task object in a run, copied for each episode."""
         rendered = self._prompts.get(id(task))
         if rendered is None:
-            rendered = self._prompts[id(task)] = prompt_stream(self.tokenizer, messages, task.visible_tools())
+            rendered = self._prompts[id(task)] = context_stream(self.tokenizer, messages, task.visible_tools())
         return TokenStream(list(rendered.ids), list(rendered.roles), list(rendered.mask), rendered.text)
 
     def _simulates(self, task: Task) -> bool:
@@ -204,9 +214,13 @@ class EpisodeRunner:
 
     def _finish(self, s: _Live) -> Episode:
         stream = s.stream or TokenStream()
-        s.episode.act.token_ids = stream.ids
-        s.episode.act.role_ids = stream.roles
-        s.episode.act.loss_mask = stream.mask
+        act = s.episode.act
+        act.token_ids, act.role_ids, act.loss_mask = stream.ids, stream.roles, stream.mask
+        s.episode.earlier_act = [Sample(r.ids, r.roles, r.mask, Role.ACT, act.episode_index, act.group_index)
+                                 for r in s.closed]
+        for number, (row, generations) in enumerate(zip(s.episode.act_rows(), s.generated)):
+            check_trained_tokens(row, generations, f"episode {act.episode_index} (task '{s.episode.task.id}'), "
+                                 f"act row {number}")
         return s.episode
 
     # -- act role ---------------------------------------------------------------------------------------------------
@@ -238,6 +252,7 @@ class EpisodeRunner:
         raw = decode(self.tokenizer, body)
         text = decode(self.tokenizer, gen.token_ids)
         s.stream.extend(gen.token_ids, Role.ACT, text, trained=True)
+        s.generated[-1].append(list(gen.token_ids))
         s.transcript.append({"role": "assistant", "content": raw})
         turn = parse_act_output(raw)
         stats.act_parse_errors += int(turn.malformed)
@@ -334,7 +349,7 @@ class EpisodeRunner:
             new.append({"role": "tool", "name": name, "content": content})
         s.transcript.extend({"role": "tool", "content": m["content"]} for m in new)
         s.episode.messages.extend(new)
-        append_messages(s.stream, self.tokenizer, s.transcript, s.episode.task.visible_tools(), Role.TOOL)
+        self._append(s, Role.TOOL)
         if self.config.check_render:
             self.check_render(s)
 
@@ -403,13 +418,32 @@ class EpisodeRunner:
         s.episode.stats.user_turns += 1
         s.transcript.extend(messages)
         s.episode.messages.extend(messages)
-        tools = s.episode.task.visible_tools()
         if s.stream is None:
-            s.stream = prompt_stream(self.tokenizer, s.transcript, tools)
+            s.stream = context_stream(self.tokenizer, s.transcript, s.episode.task.visible_tools())
         else:
-            append_messages(s.stream, self.tokenizer, s.transcript, tools, Role.USER)
+            self._append(s, Role.USER)
         if self.config.check_render:
             self.check_render(s)
+
+    def _append(self, s: _Live, role: Role) -> None:
+        """Extend the act row with the template's render of the transcript's new messages (and the next header).
+
+        When the render rewrites text already in the row (``RenderDiverged``), ``on_rerender: new_row`` closes the
+        row and opens a new one holding the re-rendered context (untrained); ``error`` raises, naming the row.
+        """
+        tools = s.episode.task.visible_tools()
+        try:
+            append_messages(s.stream, self.tokenizer, s.transcript, tools, role)
+        except RenderDiverged as err:
+            where = (f"episode {s.episode.act.episode_index} (task '{s.episode.task.id}'), act row {len(s.closed)}, "
+                     f"adding a {s.transcript[-1]['role']} message")
+            if self.config.on_rerender == "error":
+                raise TemplateError(f"{where}: {err}; set rollout.on_rerender: new_row to train such a template "
+                                    "with one row per rewrite") from err
+            s.closed.append(s.stream)
+            s.generated.append([])
+            s.stream = context_stream(self.tokenizer, s.transcript, tools)
+            s.episode.stats.rerenders += 1
 
     # -- simulated user ---------------------------------------------------------------------------------------------
 
@@ -446,6 +480,31 @@ class EpisodeRunner:
         decoded = decode(self.tokenizer, s.stream.ids)
         if decoded != expected or s.stream.text != expected:
             raise AssertionError(f"token stream of episode {s.episode.act.episode_index} diverged from the render")
+
+
+def check_trained_tokens(row: Sample, generations: list[list[int]], where: str) -> None:
+    """Token-in/token-out: the row's trained tokens are exactly its generations' ids, each one contiguous, in order.
+
+    Raises:
+        AssertionError: naming ``where`` and how the row differs (a trained token that was not generated is a
+            re-tokenised or edited generation, which would train the policy on ids it never sampled).
+    """
+    spans, current = [], []
+    for token, trained in zip(row.token_ids, row.loss_mask):
+        if trained:
+            current.append(token)
+        elif current:
+            spans.append(current)
+            current = []
+    if current:
+        spans.append(current)
+    expected = [g for g in generations if g]
+    if len(spans) != len(expected):
+        raise AssertionError(f"{where}: {len(spans)} trained spans for {len(expected)} generations")
+    for k, (span, gen) in enumerate(zip(spans, expected)):
+        if span != gen:
+            raise AssertionError(f"{where}: trained span {k} differs from the ids the policy generated "
+                                 f"({len(span)} tokens against {len(gen)}): a re-tokenised generation")
 
 
 def _generates_with_policy(world: World) -> bool:

@@ -11,10 +11,26 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import jinja2
 from transformers import PreTrainedTokenizerBase
 
 from envace.policy.chat import TemplateError, encode, render
 from envace.types import Role
+
+
+class RenderDiverged(TemplateError):
+    """The template's render of the longer conversation rewrote text already in the stream.
+
+    Attributes:
+        at: index of the first character of the stream's text that the new render changed.
+    """
+
+    def __init__(self, at: int) -> None:
+        super().__init__(
+            "the chat template is not prefix-preserving: rendering the longer conversation changed text already in "
+            f"the token stream (at character {at})"
+        )
+        self.at = at
 
 MESSAGE_ROLES = {"system": Role.SYSTEM, "user": Role.USER, "tool": Role.TOOL}
 
@@ -53,15 +69,39 @@ def prompt_stream(
 
     Consecutive tool messages (the responses to parallel calls) are one segment: templates such as Qwen's wrap them
     in one block that closes only after the last one, so the render after the first is not a prefix of the whole.
+    A prefix the template refuses to render (Llama 3.1's needs a user message to put the tools in) joins the next
+    segment, with that segment's role.
     """
     stream = TokenStream()
     for i in range(1, len(messages) + 1):
         if i < len(messages) and messages[i - 1]["role"] == messages[i]["role"] == "tool":
             continue
-        role = MESSAGE_ROLES.get(messages[i - 1]["role"], Role.SYSTEM)
-        _append_delta(stream, tokenizer, render(tokenizer, messages[:i], tools, add_generation_prompt=False), role)
+        try:
+            text = render(tokenizer, messages[:i], tools, add_generation_prompt=False)
+        except jinja2.TemplateError:
+            if i == len(messages):
+                raise
+            continue  # the template refuses this prefix (Llama 3.1 puts tools in the first user message): merge it
+        _append_delta(stream, tokenizer, text, MESSAGE_ROLES.get(messages[i - 1]["role"], Role.SYSTEM))
     _append_delta(stream, tokenizer, render(tokenizer, messages, tools, add_generation_prompt=True), Role.SYSTEM)
     return stream
+
+
+def context_stream(
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+) -> TokenStream:
+    """``prompt_stream``, or, when the template rewrites earlier messages as later ones arrive, one untrained segment.
+
+    A template such as Qwen3's renders an assistant turn's reasoning only after the last user message, so the
+    message-by-message render of a conversation with several user turns is not a prefix chain; its tokens then get
+    the role ``Role.SYSTEM`` (context) as a whole. The ids are always the encoding of the template's render.
+    """
+    try:
+        return prompt_stream(tokenizer, messages, tools)
+    except RenderDiverged:
+        stream = TokenStream()
+        _append_delta(stream, tokenizer, render(tokenizer, messages, tools, add_generation_prompt=True), Role.SYSTEM)
+        return stream
 
 
 def append_messages(
@@ -77,17 +117,14 @@ def append_messages(
     generated text, so the stream's text is a prefix of the render.
 
     Raises:
-        TemplateError: the chat template is not prefix-preserving for this conversation.
+        RenderDiverged: the template's render rewrote text already in the stream (not prefix-preserving here).
     """
     _append_delta(stream, tokenizer, render(tokenizer, transcript, tools, add_generation_prompt=True), role)
 
 
 def _append_delta(stream: TokenStream, tokenizer: PreTrainedTokenizerBase, full: str, role: Role) -> None:
     if not full.startswith(stream.text):
-        raise TemplateError(
-            "the chat template is not prefix-preserving: rendering the longer conversation changed text already in "
-            f"the token stream (at character {_first_difference(stream.text, full)})"
-        )
+        raise RenderDiverged(_first_difference(stream.text, full))
     delta = full[len(stream.text) :]
     if delta:
         stream.extend(encode(tokenizer, delta), role, delta)

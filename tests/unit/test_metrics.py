@@ -36,13 +36,16 @@ def episode_a() -> Episode:
         turn_limit=True,
         user_turns=3,
         user_stop=True,
+        rerenders=1,
     )
     rehearsals = [
         Rehearsal(CALL, "{}", True, rehearse_row([0, 1, 1, 1]), reward=0.5),  # 3 trained tokens
         Rehearsal(CALL, "{}", False, rehearse_row([0, 0, 1, 1]), reward=0.25),  # 2 trained tokens
     ]
     act = act_row([SYS, ACT, ACT, TOOL, ACT])  # 3 act tokens
-    return Episode(TASK, 0, [], act, rehearsals, [CALL, CALL], "x", stats, reward=1.0, success=True)
+    earlier = [act_row([SYS, ACT, ACT])]  # a row closed when the template rewrote an earlier turn: 2 act tokens
+    return Episode(TASK, 0, [], act, rehearsals, [CALL, CALL], "x", stats, reward=1.0, success=True,
+                   earlier_act=earlier)
 
 
 def episode_b() -> Episode:
@@ -60,7 +63,7 @@ def test_exact_rates() -> None:
         "reward_rehearse": 0.375,  # (0.5 + 0.25) / 2 trained rehearse rows
         "success_act": 0.5,  # 1 of 2 episodes
         "success_rehearse": 1.0,  # both trained rehearse rows belong to the successful episode
-        "tokens_act": 4.0,  # 3 + 1 act tokens
+        "tokens_act": 6.0,  # 2 + 3 act tokens (episode a, two rows) + 1 (episode b)
         "tokens_rehearse": 5.0,  # 3 + 2 trained rehearse tokens
         "parse_error_rate_act": 1 / 6,  # 1 malformed turn / (4 + 2) act turns
         "parse_error_rate_rehearse": 0.5,  # 1 malformed / 2 rehearsed calls (the real call is no opportunity)
@@ -83,6 +86,7 @@ def test_exact_rates() -> None:
         "user_turns_per_episode": 2.0,  # (3 + 1) user turns / 2 episodes
         "user_stop_rate": 0.5,  # episode a's simulated user ended it
         "gate_stop_rate": 0.0,
+        "rerenders_per_episode": 0.5,  # 1 new act row / 2 episodes
         "user_failures": 1.0,  # episode b's user failed to reply
         "private_rehearsals_per_episode": 0.0,
         "private_tokens_per_episode": 0.0,

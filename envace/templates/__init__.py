@@ -1,0 +1,1 @@
+"""Packaged chat templates (jinja), loaded by name with ``envace.policy.templates.load_chat_template``."""
