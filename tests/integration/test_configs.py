@@ -102,3 +102,25 @@ def test_the_checklist_config_is_qwen7b_with_a_judged_checklist_reward() -> None
     reward = cli.model.rewards[0]
     assert isinstance(reward, ChecklistReward) and isinstance(reward.judge, HTTPJudge)
     assert cli.datamodule.paths["train"].startswith("reference:")
+
+
+def test_qwen3_8b_is_the_papers_model_full_fine_tuned_with_fsdp_and_new_rows_on_rewrites() -> None:
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    with mock.patch.object(sys, "argv", ["envace"]):
+        cli = main(["--config", str(CONFIGS[0].parent / "qwen3_8b.yaml")], run=False, cli_class=ConfigCheckCLI)
+    assert isinstance(cli.config_init["trainer"]["strategy"], ModelParallelStrategy)
+    policy = cli.model.policy
+    assert policy.name_or_path == "Qwen/Qwen3-8B" and policy.lora is None and policy.dtype == "bfloat16"
+    assert cli.model.rollout.on_rerender == "new_row"
+
+
+@pytest.mark.parametrize("name", ["smollm2_sft.yaml", "smollm2_rl.yaml", "smollm2_rl_lora.yaml"])
+def test_smollm2_configs_use_the_prepared_directory_and_the_packaged_tool_template(name: str) -> None:
+    with mock.patch.object(sys, "argv", ["envace"]):
+        cli = main(["--config", str(CONFIGS[0].parent / name)], run=False, cli_class=ConfigCheckCLI)
+    policy = cli.model.policy
+    assert policy.chat_template == "chatml-tools" and policy.dtype == "float32"
+    assert cli.config_init["trainer"]["precision"] == "bf16-mixed"
+    assert policy.name_or_path in ("models/smollm2-135m-instruct", "runs/smollm2_sft/policy")
+    assert (policy.lora is not None) == name.endswith("_lora.yaml")
