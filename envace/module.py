@@ -470,7 +470,7 @@ class EnvACEModule(PolicyModule):
             micro = batch.rows(idx)
             with context(), self._role_adapter(micro):
                 logps, _ = token_logps(model, micro.input_ids, micro.attention_mask, micro.temperatures,
-                                        positions=micro.loss_mask)
+                                        positions=micro.loss_mask, share_prefix=self.grpo.share_prefix)
             out[idx, : logps.shape[1]] = logps
         for _ in range(passes - len(micro_batches)):
             with context():
@@ -497,10 +497,10 @@ class EnvACEModule(PolicyModule):
         """Split ``rows`` into micro-batches of similar length (less padding).
 
         Each holds at most ``micro_batch_size`` rows and ``micro_batch_tokens`` padded tokens; with role adapters
-        each micro-batch holds one role only.
+        each micro-batch holds one role only, and so with ``grpo.share_prefix`` (rows of one role share a prompt).
         """
         groups = [rows]
-        if self.role_adapters:
+        if self.role_adapters or self.grpo.share_prefix:
             roles = batch.row_role[rows]
             groups = [rows[roles == int(r)] for r in (Role.ACT, Role.REHEARSE)]
         lengths = batch.attention_mask.sum(-1)  # [N]
@@ -583,7 +583,7 @@ class EnvACEModule(PolicyModule):
     def _micro_loss(self, micro: RolloutBatch, w: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         logps, entropy = token_logps(
             self.model, micro.input_ids, micro.attention_mask, micro.temperatures, with_entropy=self.log_entropy,
-            positions=micro.loss_mask,
+            positions=micro.loss_mask, share_prefix=self.grpo.share_prefix,
         )
         old = micro.old_logps if micro.old_logps is not None else logps.detach()
         g = self.grpo

@@ -64,6 +64,10 @@ class SFTModule(PolicyModule):
             host memory); needs ``export_dir``.
         test_group_by: under ``envace test``, also log success per value of this key of the tasks' ``metadata``
             (``test/success_act/KEY=VALUE``, ``test/tasks/KEY=VALUE``; docs/task-format.md); needs ``eval_world``.
+        share_prefix: run each role's rows as one forward whose shared prefix (the system prompt and tool schemas,
+            most of a short row) is computed once, when it is at least this many tokens
+            (``envace.logprobs.token_logps``); 0 (the default) runs every row in full. Not with gradient
+            checkpointing.
     """
 
     def __init__(
@@ -82,8 +86,12 @@ class SFTModule(PolicyModule):
         eval_imagined: bool = False,
         export_best: str | None = None,
         test_group_by: str | None = None,
+        share_prefix: int = 0,
     ) -> None:
         super().__init__()
+        if share_prefix < 0:
+            raise ValueError(f"share_prefix must be >= 0, got {share_prefix}")
+        self.share_prefix = share_prefix
         if test_group_by is not None and eval_world is None:
             raise ValueError("test_group_by needs eval_world (success is measured by running the policy in it)")
         self.save_hyperparameters()
@@ -157,10 +165,24 @@ class SFTModule(PolicyModule):
             self.evaluator.evaluate(self, tasks, prefix, self._engine, self._engine, self.tokenizer)
             self.model.train(was_training)
 
+    def _logps(self, batch: RolloutBatch) -> Tensor:
+        """Log-probs of the rows' target tokens: in one forward, or one per role with a shared prefix."""
+        assert self.model is not None
+        if not self.share_prefix:
+            return token_logps(self.model, batch.input_ids, batch.attention_mask, positions=batch.loss_mask)[0]
+        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=batch.input_ids.device)  # [N, T]
+        for role in (Role.ACT, Role.REHEARSE):
+            rows = torch.nonzero(batch.row_role == int(role), as_tuple=True)[0]
+            if rows.numel():
+                part = batch.rows(rows)
+                logps, _ = token_logps(self.model, part.input_ids, part.attention_mask, positions=part.loss_mask,
+                                       share_prefix=self.share_prefix)
+                out[rows, : logps.shape[1]] = logps.float()
+        return out
+
     def _loss(self, batch: RolloutBatch) -> tuple[Tensor, dict[str, Tensor]]:
         assert self.model is not None
-        logps, _ = token_logps(self.model, batch.input_ids, batch.attention_mask, positions=batch.loss_mask)
-        nll = -logps * batch.loss_mask  # [N, T]
+        nll = -self._logps(batch) * batch.loss_mask  # [N, T]
         act = (batch.row_role == int(Role.ACT)).float()[:, None]  # [N, 1]
         heads = {"act": (nll * act).sum() / (batch.loss_mask * act).sum().clamp(min=1.0)}
         heads["rehearse"] = (nll * (1 - act)).sum() / (batch.loss_mask * (1 - act)).sum().clamp(min=1.0)

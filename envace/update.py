@@ -49,6 +49,11 @@ class GRPOConfig:
             its update; this many such steps in a row stop training with an error that names the causes (an
             always-failing setup would otherwise loop forever, since skipped steps never reach ``max_steps``).
             0: never stop.
+        share_prefix: compute the prefix the rows of a micro-batch share (the system prompt and tool schemas:
+            most of a short row) once per micro-batch instead of once per row, when it is at least this many
+            tokens (``envace.logprobs.token_logps``); micro-batches then hold one role each, so act rows share the
+            act prompt and rehearse rows the rehearse prompt. 0 (the default) turns it off. Not with gradient
+            checkpointing.
     """
 
     group_size: int = 4
@@ -69,6 +74,7 @@ class GRPOConfig:
     imitate_weight: float = 0.0
     max_nonfinite_steps: int = 3
     max_failed_steps: int = 10
+    share_prefix: int = 0
 
     def __post_init__(self) -> None:
         for name in ("group_size", "ppo_epochs", "mini_batches", "micro_batch_size"):
@@ -76,7 +82,7 @@ class GRPOConfig:
                 raise ValueError(f"grpo.{name} must be at least 1, got {getattr(self, name)}")
         for name in ("act_weight", "rehearse_weight", "align_weight", "kl_weight", "imitate_weight",
                      "micro_batch_tokens", "grad_clip", "align_live_max", "max_nonfinite_steps",
-                     "max_failed_steps"):
+                     "max_failed_steps", "share_prefix"):
             if getattr(self, name) < 0:
                 raise ValueError(f"grpo.{name} must be >= 0, got {getattr(self, name)}")
 

@@ -20,7 +20,6 @@ attention (no sliding-window or linear-attention layers) can reuse a prefix; oth
 
 from __future__ import annotations
 
-import inspect
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -34,6 +33,7 @@ from torch import Tensor, nn
 from transformers import DynamicCache, LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 from transformers.cache_utils import DynamicLayer
 
+from envace.logprobs import cache_kwarg
 from envace.rollout.engine import Generation, HFEngine, SamplingParams
 
 KV = list[tuple[Tensor, Tensor]]
@@ -237,7 +237,7 @@ class CachedEngine(HFEngine):
         self.prefilled_tokens = 0  # prompt tokens computed
         self._sessions = 0
         hf_model = _hf_model(model)
-        self._cache_kwarg = "cache" if "cache" in inspect.signature(hf_model.forward).parameters else "past_key_values"
+        self._cache_kwarg = cache_kwarg(hf_model)
         self.reusable = _plain_attention(hf_model)
 
     @contextmanager

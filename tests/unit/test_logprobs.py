@@ -169,3 +169,68 @@ def test_positions_path_backpropagates_only_through_kept_positions(tiny_tokenize
     full, _ = token_logps(model, ids, mask)
     assert logps[0, 3].item() == pytest.approx(full[0, 3].item(), abs=1e-6)
     assert model.lm_head.weight.grad is not None and model.lm_head.weight.grad.abs().sum() > 0
+
+
+# -- a shared prefix computed once (share_prefix) ----------------------------------------------------------------------
+
+
+def _shared_rows(prefix_len: int, tails: list[int], first_scored: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Right-padded rows that start with one common prefix; scored from ``first_scored`` on."""
+    g = torch.Generator().manual_seed(0)
+    prefix = torch.randint(5, 3000, (prefix_len,), generator=g)
+    width = prefix_len + max(tails)
+    ids = torch.zeros(len(tails), width, dtype=torch.long)
+    mask = torch.zeros(len(tails), width, dtype=torch.long)
+    scored = torch.zeros(len(tails), width)
+    for i, tail in enumerate(tails):
+        ids[i, :prefix_len] = prefix
+        ids[i, prefix_len : prefix_len + tail] = torch.randint(5, 3000, (tail,), generator=g)
+        mask[i, : prefix_len + tail] = 1
+        scored[i, first_scored : prefix_len + tail] = 1
+    return ids, mask, scored
+
+
+def test_the_shared_prefix_is_common_real_and_before_every_scored_token() -> None:
+    from envace.logprobs import shared_prefix_length
+
+    ids = torch.tensor([[1, 2, 3, 4, 5, 0], [1, 2, 3, 9, 9, 9], [1, 2, 3, 4, 0, 0]])
+    mask = (ids > 0).long()
+    nothing = torch.zeros_like(ids, dtype=torch.bool)
+    assert shared_prefix_length(ids, mask, nothing) == 3  # [1, 2, 3]; row 1 differs at 3
+    keep = nothing.clone()
+    keep[2, 1] = True  # a kept position at 1 (it predicts token 2): the prefix must end before it runs
+    assert shared_prefix_length(ids, mask, keep) == 1
+    short = torch.tensor([[1, 2, 0], [1, 2, 3]])
+    assert shared_prefix_length(short, (short > 0).long(), torch.zeros_like(short, dtype=torch.bool)) == 1
+
+
+def test_share_prefix_gives_the_plain_forwards_logps_and_gradients(tiny_tokenizer) -> None:
+    from envace.policy import TinyPolicy
+
+    model, _ = TinyPolicy(hidden=64, layers=2).build()
+    model.train()
+    ids, mask, scored = _shared_rows(40, [10, 25, 7, 18], first_scored=42)
+    temps = torch.tensor([1.0, 0.7, 1.0, 1.3])
+    results = []
+    for share in (0, 8):
+        model.zero_grad()
+        logps, _ = token_logps(model, ids, mask, temps, positions=scored, share_prefix=share)
+        logps.sum().backward()
+        results.append((logps.detach(), [p.grad.clone() for p in model.parameters()]))
+    (plain, plain_grads), (shared, shared_grads) = results
+    # float32: the prefix's keys and values are the same numbers either way; only the attention's summation order
+    # (one cached prefix against one full sequence) differs, a few ulps of values of order 1-10
+    assert torch.allclose(plain, shared, atol=1e-5, rtol=1e-5) and plain.abs().sum() > 0
+    for a, b in zip(plain_grads, shared_grads):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_share_prefix_falls_back_when_the_prefix_is_short_or_missing(tiny_tokenizer) -> None:
+    from envace.policy import TinyPolicy
+
+    model, _ = TinyPolicy(hidden=64, layers=2).build()
+    ids, mask, scored = _shared_rows(6, [10, 12], first_scored=3)  # scored inside the prefix: 2 shareable tokens
+    with torch.no_grad():
+        plain, _ = token_logps(model, ids, mask, positions=scored)
+        shared, _ = token_logps(model, ids, mask, positions=scored, share_prefix=4)  # under the minimum of 4
+    assert torch.equal(plain, shared)  # the same single forward, bit for bit
