@@ -44,6 +44,41 @@ DEMO_RL = (
 )
 """The demo's RL overrides of ``lit_configs/tiny_rl.yaml`` (``--rl=...`` arguments come after them)."""
 
+
+@dataclass(frozen=True)
+class Preset:
+    """What ``--model`` selects: the two stages' configs, the demo's budget, and the model to prepare first.
+
+    Attributes:
+        sft_config: the warm start's config.
+        rl_config: the RL stage's config (also used for the tests).
+        sft_overrides: the demo's budget for the warm start (``--sft=...`` arguments come after them).
+        rl_overrides: the demo's budget for RL.
+        prepare: a packaged model ``envace prepare-model`` writes to ``models/<name>`` before the first stage.
+        seeds_weights: ``--seed`` also seeds the initial weights (a policy built in code; a pretrained one has
+            its weights).
+    """
+
+    sft_config: str
+    rl_config: str
+    sft_overrides: tuple[str, ...]
+    rl_overrides: tuple[str, ...]
+    prepare: str | None = None
+    seeds_weights: bool = False
+
+
+PRESETS = {
+    "tiny": Preset("lit_configs/tiny_sft.yaml", "lit_configs/tiny_rl.yaml", DEMO_SFT, DEMO_RL, seeds_weights=True),
+    "smollm2": Preset(
+        "lit_configs/smollm2_sft.yaml", "lit_configs/smollm2_rl.yaml",
+        ("--trainer.max_steps=80", "--trainer.limit_val_batches=0", "--model.init_args.export_best=null",
+         "--model.init_args.optimizer.init_args.lr=1.0e-4"),
+        ("--trainer.max_steps=10", "--trainer.limit_val_batches=0", "--data.batch_size=4"),
+        prepare="smollm2-135m-instruct",
+    ),
+}
+"""``python -m envace.demo --model NAME``: the tiny policy built in code (the default), or SmolLM2-135M-Instruct."""
+
 COLUMNS = (
     ("success_act", "real success"),
     ("imagined_success", "imagined success"),
@@ -120,7 +155,8 @@ def format_table(rows: list[tuple[str, str, dict[str, float], str]]) -> str:
 
 
 def run_demo(out: str, sft_config: str, rl_config: str, sft_overrides: Sequence[str] = (),
-             rl_overrides: Sequence[str] = (), eval_tasks: int | None = None, seed: int | None = None) -> str:
+             rl_overrides: Sequence[str] = (), eval_tasks: int | None = None, seed: int | None = None,
+             seeds_weights: bool = True) -> str:
     """Run the three stages under ``out`` and return the results table.
 
     Args:
@@ -133,10 +169,11 @@ def run_demo(out: str, sft_config: str, rl_config: str, sft_overrides: Sequence[
         seed: the seed of everything random (``seed_everything``, the tiny policy's initial weights, the task
             order of both stages); None keeps the configs' (0). The warm start is teacher-forced and its validation
             greedy: only the weights and the task order make two seeds' warm starts differ.
+        seeds_weights: ``seed`` also sets the policy's ``seed`` (a ``TinyPolicy``'s initial weights).
     """
     splits = {k: v if eval_tasks is None else f"{v}:{eval_tasks}" for k, v in SPLITS.items()}
     seeded = [] if seed is None else [f"--seed_everything={seed}", f"--data.seed={seed}"]
-    initial = [] if seed is None else [f"--model.init_args.policy.init_args.seed={seed}"]
+    initial = [] if seed is None or not seeds_weights else [f"--model.init_args.policy.init_args.seed={seed}"]
     start = time.perf_counter()
     stages = 2 + 2 * len(splits)
     logger.info("demo: stage 1/%d, SFT warm start (%s) -> %s/sft", stages, sft_config, out)
@@ -163,8 +200,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Command line: ``python -m envace.demo [--out DIR] [--sft=OVERRIDE ...] [--rl=OVERRIDE ...]``."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="runs/demo", help="output directory (logs, exported policies)")
-    parser.add_argument("--sft-config", default="lit_configs/tiny_sft.yaml")
-    parser.add_argument("--rl-config", default="lit_configs/tiny_rl.yaml")
+    parser.add_argument("--model", choices=sorted(PRESETS), default="tiny",
+                        help="tiny: the 1.2M-parameter policy built in code (about 7 minutes); smollm2: the real "
+                             "pretrained SmolLM2-135M-Instruct, prepared from its wheel on first use (hours on 2 "
+                             "CPU cores)")
+    parser.add_argument("--sft-config", default=None, help="replace the preset's warm-start config")
+    parser.add_argument("--rl-config", default=None, help="replace the preset's RL config")
     parser.add_argument("--sft", action="append", default=[], metavar="OVERRIDE",
                         help="an extra `envace fit` argument for the SFT stage, e.g. --sft=--trainer.max_steps=50")
     parser.add_argument("--rl", action="append", default=[], metavar="OVERRIDE",
@@ -174,9 +215,19 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="seed of the weights, the task order and sampling (default: the configs' 0)")
     args = parser.parse_args(argv)
     ensure_handler()
-    report = guarded(lambda: run_demo(args.out, args.sft_config, args.rl_config, [*DEMO_SFT, *args.sft],
-                                      [*DEMO_RL, *args.rl], args.eval_tasks, args.seed),
-                    ["--config", args.sft_config, "--config", args.rl_config, *args.sft, *args.rl])
+    preset = PRESETS[args.model]
+    sft_config, rl_config = args.sft_config or preset.sft_config, args.rl_config or preset.rl_config
+
+    def stages() -> str:
+        if preset.prepare is not None:
+            from envace.models import DEFAULT_ROOT, packaged_gguf, prepare
+
+            logger.info("demo: preparing %s in %s (once)", preset.prepare, DEFAULT_ROOT / preset.prepare)
+            prepare(packaged_gguf(preset.prepare), DEFAULT_ROOT / preset.prepare)
+        return run_demo(args.out, sft_config, rl_config, [*preset.sft_overrides, *args.sft],
+                        [*preset.rl_overrides, *args.rl], args.eval_tasks, args.seed, preset.seeds_weights)
+
+    report = guarded(stages, ["--config", sft_config, "--config", rl_config, *args.sft, *args.rl])
     Path(args.out).mkdir(parents=True, exist_ok=True)
     Path(args.out, "results.md").write_text(report + "\n", encoding="utf-8")
     print(report)  # noqa: T201 (the demo's result is its output)

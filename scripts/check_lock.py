@@ -2,8 +2,8 @@
 
 Set-up installs the lock with --no-deps, so nothing outside it is ever resolved. This check proves the locked set is
 complete and is what is installed: every pin is installed at its version, and every requirement of envace (with its
-dev and bench extras) and of each locked package (except those marked ``# no-deps``) is in the lock and met by its
-pin. It prints one line per problem and exits 1, naming the fix.
+dev, bench, models and vs-trl extras) and of each locked package (except those marked ``# no-deps``) is in the lock
+and met by its pin. It prints one line per problem and exits 1, naming the fix.
 """
 
 from __future__ import annotations

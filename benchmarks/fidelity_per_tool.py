@@ -1,0 +1,75 @@
+"""Teacher-forced rehearsal fidelity per tool of exported policies: how well each one plays the environment.
+
+Every reference call of the tasks is rehearsed greedily with the real history before it (``envace.fidelity``:
+exact match of the response, leaf F1 of its JSON leaves, error agreement), and the scores are grouped by tool.
+
+Run from the repository root: ``.venv/bin/python benchmarks/fidelity_per_tool.py NAME=DIR [NAME=DIR ...]
+[--tasks builtin:bank-test] [--dtype bfloat16]``, where each DIR is a policy in Hugging Face format (an
+``export_dir``, or ``models/smollm2-135m-instruct``). Prints a Markdown table (one row per policy and tool, then
+all tools) and a last line ``SUMMARY <name>_exact_match=... <name>_leaf_f1=...``.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import argparse  # noqa: E402
+import time  # noqa: E402
+
+import torch  # noqa: E402
+
+from envace.fidelity import per_tool, reference_probes, rehearse_probes, summarize  # noqa: E402
+from envace.policy import HFPolicy  # noqa: E402
+from envace.rollout.kv_engine import CachedEngine  # noqa: E402
+from envace.task_sets import load_task_set  # noqa: E402
+from envace.worlds import RehearseWorld  # noqa: E402
+
+
+def fidelity(policy_dir: str, tasks_spec: str, dtype: str, max_new_tokens: int,
+             chat_template: str | None) -> tuple[dict[str, dict[str, float]], dict[str, float], float]:
+    """Per-tool and overall fidelity of one policy, and the seconds it took."""
+    model, tokenizer = HFPolicy(policy_dir, dtype=dtype, chat_template=chat_template).build()
+    model.eval().requires_grad_(False)
+    world = RehearseWorld()
+    world.bind(tokenizer, model)
+    engine = CachedEngine(model, pad_id=tokenizer.pad_token_id, stop_ids=[tokenizer.eos_token_id], max_batch_size=64)
+    probes = reference_probes(load_task_set(tasks_spec))
+    start = time.perf_counter()
+    with torch.no_grad():
+        scores = rehearse_probes(probes, world, engine, max_new_tokens)
+    seconds = time.perf_counter() - start
+    return per_tool(scores, [p.request.call.name for p in probes]), summarize(scores), seconds
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("policies", nargs="+", metavar="NAME=DIR")
+    parser.add_argument("--tasks", default="builtin:bank-test")
+    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--chat-template", default=None,
+                        help="replace the tokenizers' template (e.g. chatml-tools for the untrained SmolLM2)")
+    args = parser.parse_args(argv)
+    pairs = [p.split("=", 1) for p in args.policies]
+    if any(len(p) != 2 for p in pairs):
+        parser.error("each policy is NAME=DIR")
+    print(f"Teacher-forced rehearsal fidelity on {args.tasks}, greedy, {args.dtype}, "
+          f"at most {args.max_new_tokens} new tokens\n")
+    print("| policy | tool | probes | exact match | leaf F1 | error agreement |")
+    print("|---|---|---|---|---|---|")
+    summary = []
+    for name, path in pairs:
+        tools, overall, seconds = fidelity(path, args.tasks, args.dtype, args.max_new_tokens, args.chat_template)
+        for tool, m in [*tools.items(), ("all", overall)]:
+            print(f"| {name} | {tool} | {int(m['probes'])} | {m['exact_match']:.3f} | {m['leaf_f1']:.3f} | "
+                  f"{m['error_agreement']:.3f} |")
+        print(f"| {name} | ({seconds:.0f} s) | | | | |", flush=True)
+        summary += [f"{name}_exact_match={overall['exact_match']:.3f}", f"{name}_leaf_f1={overall['leaf_f1']:.3f}"]
+    print("\nSUMMARY " + " ".join(summary))
+
+
+if __name__ == "__main__":
+    main()
