@@ -538,6 +538,12 @@ REGISTRY: dict[str, Entry] = {
         "steps); checked: parses and instantiates without weights"),
     ".venv/bin/python -m envace.demo --model smollm2 --out runs/demo_smollm2": parse_only(
         "checks", demo_preset, "hours on 2 cores; checked: both stages parse with the demo's overrides"),
+    ".venv/bin/python benchmarks/fidelity_per_tool.py NAME=DIR [NAME=DIR ...] [--tasks builtin:bank-test] "
+    "[--dtype bfloat16|float32] [--chat-template chatml-tools]": parse_only(
+        "checks", script_parses(["tiny=DIR", "--tasks", "builtin:bank-test", "--dtype", "float32",
+                                 "--chat-template", "chatml-tools"]),
+        "a synopsis (NAME=DIR is a policy); checked: a filled-in variant parses, and "
+        "tests/unit/test_benchmark_scripts.py runs the script on the tiny policy"),
     # The smoke config, its checkpoint resumed and exported, the export evaluated.
     TINY_YAML: run("tiny", *TINY_FIT, check=expect_files("runs/tiny/**/last.ckpt")),
     "envace fit --ckpt_path=last": run(

@@ -183,3 +183,14 @@ def test_vs_trl_ratio_is_the_median_over_pairs_of_trl_over_envace() -> None:
     summary = vs_trl.summarise(run(9.0, 1.0, 3.0), warmup=1)
     assert summary["step_s"] == 2.0 and summary["update_s"] == 1.0 and summary["completion_len"] == 32.0
     assert vs_trl.contains_answer("it is 42.", "42") == 1.0 and vs_trl.contains_answer("4 2", "42") == 0.0
+
+
+def test_fidelity_per_tool_prints_a_row_per_tool_and_the_summary(tiny_dir: str, capsys) -> None:
+    _script("fidelity_per_tool").main([f"tiny={tiny_dir}", "--tasks", "builtin:bank-test:3", "--dtype", "float32",
+                                        "--max-new-tokens", "4"])
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| tiny |")]
+    tools = {line.split("|")[2].strip() for line in rows}
+    assert "all" in tools and len(tools) >= 3  # at least one tool, the total and the timing row
+    summary = dict(kv.split("=") for kv in out.strip().splitlines()[-1].removeprefix("SUMMARY ").split())
+    assert set(summary) == {"tiny_exact_match", "tiny_leaf_f1"} and 0.0 <= float(summary["tiny_leaf_f1"]) <= 1.0
