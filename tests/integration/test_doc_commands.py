@@ -7,7 +7,8 @@ What counts as a command (the rule, applied mechanically by ``shown_commands``):
 - every inline code span whose first word, after ``VAR=value`` assignments, is a program: ``envace``, ``python``,
   ``python3``, ``pip``, ``bash``, anything under ``.venv/bin/``, a ``scripts/*.sh``, or a ``benchmarks/*.py``
   followed by arguments (the bare path names the file). Two forms are mentions, not
-  commands: the bare command name with at most its subcommand (``envace test``, ``envace fit``, ``envace export``),
+  commands: the bare command name with at most its subcommand (``envace test``, ``envace fit``, ``envace export``,
+  ``envace prepare-model``),
   and a span that elides its arguments with ``...`` (``envace fit ... --ckpt_path=last``);
 - a line of any other fenced block (``text`` and ``output`` blocks aside) that starts with a program is an error:
   runnable examples go in a ``bash`` block.
@@ -47,7 +48,7 @@ OUTPUT_FENCES = {"text", "output"}
 _ASSIGN = r"(?:[A-Za-z_][A-Za-z0-9_]*=\S*\s+)*"
 PROGRAM = re.compile(rf"^{_ASSIGN}(?:(?:envace|python3?|pip|bash|\.venv/bin/\S+|scripts/\S+\.sh)(?:\s|$)"
                      r"|benchmarks/\S+\.py\s)")
-MENTION = re.compile(r"^(?:\.venv/bin/)?envace(?: (?:fit|validate|test|export))?$")
+MENTION = re.compile(r"^(?:\.venv/bin/)?envace(?: (?:fit|validate|test|export|prepare-model))?$")
 FENCE = re.compile(r"^\s*(`{3,}|~{3,})\s*([\w+-]*)")
 SPAN = re.compile(r"(?<!`)`([^`]+)`(?!`)")
 
