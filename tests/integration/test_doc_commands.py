@@ -545,6 +545,16 @@ REGISTRY: dict[str, Entry] = {
                                  "--chat-template", "chatml-tools"]),
         "a synopsis (NAME=DIR is a policy); checked: a filled-in variant parses, and "
         "tests/unit/test_benchmark_scripts.py runs the script on the tiny policy"),
+    ".venv/bin/envace fit --config lit_configs/smollm2_sft.yaml --trainer.max_steps=80 --trainer.limit_val_batches=0 "
+    "--model.init_args.export_best=null --model.init_args.optimizer.init_args.lr=1.0e-4": parse_only(
+        "checks", config_check(), "67 minutes on 2 cores; checked: parses and instantiates without weights"),
+    ".venv/bin/python benchmarks/fidelity_per_tool.py warm=runs/smollm2_sft/policy --tasks builtin:bank-test:64":
+        parse_only("checks", script_parses(), "needs the SmolLM2 warm start (the entry above); checked: parses, and "
+                   "tests/unit/test_benchmark_scripts.py runs the script on the tiny policy"),
+    ".venv/bin/envace test --config lit_configs/smollm2_rl.yaml --model.policy.init_args.name_or_path=runs/smollm2_sft/"
+    "policy --data.test_tasks=builtin:bank-test:64 --model.init_args.eval_imagined=false "
+    "--model.init_args.eval_fidelity=false": parse_only(
+        "checks", config_check(), "needs the SmolLM2 warm start; checked: parses and instantiates without weights"),
     # The smoke config, its checkpoint resumed and exported, the export evaluated.
     TINY_YAML: run("tiny", *TINY_FIT, check=expect_files("runs/tiny/**/last.ckpt")),
     "envace fit --ckpt_path=last": run(
