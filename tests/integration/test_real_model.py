@@ -56,15 +56,14 @@ def test_two_envace_rl_steps_on_bank_with_smollm2(smollm2_dir: str, tmp_path: Pa
             "--model.rollout.act_max_new_tokens=24", "--model.rollout.rehearse_max_new_tokens=24",
             "--model.rollout.check_render=true", "--model.export_dir=null"]
     seen: list = []
-    original_update = None
 
     with mock.patch.object(sys, "argv", ["envace"]):
         cli = main(args, run=False)
         module = cli.model
-        original_update = module.sample_rollouts
+        sample = module.sample_rollouts
 
         def recording(tasks):
-            batch = original_update(tasks)
+            batch = sample(tasks)
             seen.append(batch)
             return batch
 
