@@ -29,6 +29,7 @@ from lightning.pytorch.plugins.io import CheckpointIO  # noqa: E402
 from lightning.pytorch.utilities import rank_zero_info  # noqa: E402
 
 from envace.checkpoint import AtomicCheckpointIO, CheckpointError, damaged_message  # noqa: E402
+from envace.cpu_precision import resolve_cpu_precision  # noqa: E402
 from envace.errors import ConfigError, parser_reason  # noqa: E402
 from envace.noise import quiet  # noqa: E402
 from envace.progress import ProgressLines  # noqa: E402
@@ -94,12 +95,16 @@ class EnvaceCLI(LightningCLI):
 
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[L.Callback]) -> L.Trainer:
-        """The Trainer, with atomic checkpoints and progress lines unless the config brings its own of each."""
+        """The Trainer, with atomic checkpoints and progress lines unless the config brings its own of each.
+
+        A bf16 precision on a CPU without bf16 matmul kernels becomes ``32-true`` (``envace.cpu_precision``).
+        """
         given = config.get("callbacks") or []
         if not any(isinstance(c, ProgressLines) for c in [*callbacks, *given]):
             callbacks = [*callbacks, ProgressLines()]
-        return super()._instantiate_trainer({**config, "plugins": with_atomic_checkpoints(config.get("plugins"))},
-                                            callbacks)
+        precision = resolve_cpu_precision(config.get("precision"), config.get("accelerator", "auto"))
+        return super()._instantiate_trainer(
+            {**config, "precision": precision, "plugins": with_atomic_checkpoints(config.get("plugins"))}, callbacks)
 
 
 @contextlib.contextmanager

@@ -46,15 +46,15 @@ def load_task_set(spec: str) -> list[Task]:
             tasks = load_reference_rows(path, skip_invalid=prefix == REFERENCE_LENIENT_PREFIX).tasks
             return tasks if count is None else _first(tasks, count, spec, path)
     if spec.startswith(BUILTIN_PREFIX) and spec.count(":") == 2:
-        from envace.builtin import SPLIT_OF
-        from envace.builtin.make_tasks import MAX_TASKS, generate_split
+        from envace.builtin import SPLIT_OF, domain_of
+        from envace.builtin.generator import MAX_TASKS, generate_split
 
         name, _, count = spec[len(BUILTIN_PREFIX) :].partition(":")
         if name not in SPLIT_OF:
             raise TaskFormatError(f"unknown built-in task set '{spec}'; generated sets: {', '.join(sorted(SPLIT_OF))}")
         if not (count.isascii() and count.isdigit()) or not 1 <= int(count) <= MAX_TASKS:  # int('²') raises
             raise TaskFormatError(f"'{spec}': the task count must be an integer in 1..{MAX_TASKS}, got '{count}'")
-        return generate_split(SPLIT_OF[name], int(count))
+        return generate_split(domain_of(name), SPLIT_OF[name], int(count))
     if spec.startswith(BUILTIN_PREFIX):
         return load_tasks(resolve_task_path(spec))
     path, count = _split_count(spec, spec)
@@ -92,9 +92,9 @@ def _first(tasks: list[Task], count: int, spec: str, path: str) -> list[Task]:
 def resolve_task_path(path: str) -> Path:
     """Map ``builtin:NAME`` to its packaged file in ``envace/builtin/``; any other string is a path.
 
-    The names are those of ``envace.builtin.TASK_SETS``: ``builtin:bank`` (the bank domain's training split,
-    ``bank_tasks.jsonl``; also ``builtin:bank-train``), ``builtin:bank-val``, ``builtin:bank-test`` and
-    ``builtin:bank-heldout`` (held-out task templates).
+    The names are those of ``envace.builtin.TASK_SETS``: for each built-in domain (``bank``, ``desk``),
+    ``builtin:<domain>`` (its training split, e.g. ``bank_tasks.jsonl``; also ``builtin:<domain>-train``),
+    ``builtin:<domain>-val``, ``builtin:<domain>-test`` and ``builtin:<domain>-heldout`` (held-out task templates).
 
     Args:
         path: a file path or ``builtin:NAME`` (e.g. ``builtin:bank``).

@@ -18,16 +18,15 @@ from __future__ import annotations
 import json
 import random
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from envace.builtin.generator import OK, Redraw, Template
 from envace.types import ToolCall
 
 ACCOUNTS = tuple(f"{letter}{digit}" for letter in "ABCDEF" for digit in range(1, 10))
 """Every account id a task can mention (a world holds 3 to 5 of them; the others are unknown)."""
 
-OK = "ok"
 INSUFFICIENT_FUNDS = "insufficient funds"
 UNKNOWN_ACCOUNT = "unknown account"
 _ERROR_PATTERN = re.compile(r"^ValueError: (unknown account|insufficient funds in) '([^']+)'")
@@ -71,25 +70,6 @@ class Plan:
     def calls(self) -> list[ToolCall]:
         """The full call plan: the operations, then one ``get_balance`` per reported account."""
         return list(self.operations) + [get_balance(account) for account in self.report]
-
-
-@dataclass(frozen=True)
-class Template:
-    """A named kind of task.
-
-    Attributes:
-        name: template name (part of every task id).
-        held_out: used only by the held-out test split (a composition never seen in training).
-        calls: number of calls of a solution (for an error template: up to and including the failing call).
-        summary: one line for the docs.
-        draw: draws the parameters from a random source and a world.
-    """
-
-    name: str
-    held_out: bool
-    calls: int
-    summary: str
-    draw: Callable[[random.Random, World], Plan]
 
 
 # --- calls and wording -----------------------------------------------------------------------------------------------
@@ -194,10 +174,6 @@ def answer_from_responses(plan: Plan, contents: list[str]) -> str:
 
 STEP = 10
 """Balances and amounts are multiples of this, so the rehearse role's arithmetic is a small table of whole numbers."""
-
-
-class Redraw(Exception):
-    """The drawn world cannot host the template's request (e.g. no amount fits); draw another world."""
 
 
 def _multiple(rng: random.Random, low: int, high: int) -> int:

@@ -79,8 +79,8 @@ def test_builtin_names_resolve_to_the_split_files() -> None:
         resolve_task_path("builtin:bank-training")
     message = str(info.value)
     assert "unknown built-in task set 'builtin:bank-training'" in message
-    assert "available: bank, bank-heldout, bank-test, bank-train, bank-val" in message
-    assert {SPLITS[s].file for s in SPLITS} == set(TASK_SETS.values())
+    assert "available: bank, bank-heldout, bank-test, bank-train, bank-val, desk, desk-heldout" in message
+    assert {SPLITS[s].file for s in SPLITS} == {f for name, f in TASK_SETS.items() if name.startswith("bank")}
 
 
 def test_split_sizes_and_templates(splits: dict[str, list[Task]]) -> None:
@@ -187,7 +187,7 @@ def test_packaged_files_equal_the_generator(tmp_path: Path) -> None:
 
 def test_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     main(["--out-dir", str(tmp_path)])
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(set(TASK_SETS.values()))
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted({SPLITS[s].file for s in SPLITS})
     out = tmp_path / "custom.jsonl"
     main(["--out", str(out), "--n", "3", "--seed", "9", "--templates", "deposit,withdraw"])
     assert out.read_text(encoding="utf-8") == render_tasks(generate_tasks(3, 9, ["deposit", "withdraw"]))
