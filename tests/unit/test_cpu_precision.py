@@ -1,4 +1,4 @@
-"""bf16 on a CPU without bf16 matmul kernels falls back to float32, measured and said once; elsewhere nothing changes."""
+"""bf16 on a CPU without bf16 matmul kernels falls back to float32, measured and said once; elsewhere kept."""
 
 from __future__ import annotations
 
