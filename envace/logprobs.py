@@ -38,10 +38,11 @@ def token_logps(
         positions: the tokens whose log-probs are needed (e.g. the loss mask); the vocabulary projection is then
             computed for those positions only, which is most of a small model's cost and most of a large
             vocabulary's memory. Other positions get 0. None computes every position.  # [N, T]
-        share_prefix: with ``positions``, when the rows begin with a common prefix of at least this many tokens
-            that holds no scored position, run it once and the rows on top of its keys and values (gradients flow
-            into it through every row) instead of once per row. Rows of one role usually share the system prompt
-            and tool schemas, most of a short row. The log-probs are those of the plain forward up to float
+        share_prefix: with ``positions``, group the rows by the prefixes they share (``prefix_groups``): each group
+            whose rows begin with a common prefix of at least this many tokens that holds no scored position runs
+            it once and its rows on top of its keys and values (gradients flow into it through every row) instead
+            of once per row. Rows of one role share the system prompt and tool schemas; the rehearse rows of one
+            task and tool share most of their prompt. The log-probs are those of the plain forward up to float
             rounding. 0 (the default) never shares. Needs a model that takes ``past_key_values`` (Hugging Face
             causal LMs; not with gradient checkpointing, which turns the cache off).
 
@@ -54,9 +55,9 @@ def token_logps(
         valid = attention_mask[:, 1:].bool()  # [N, T-1]
         return _scores(logits, input_ids[:, 1:], valid, temperatures, with_entropy, _shift_right)
     keep = nn.functional.pad(positions[:, 1:].bool() & attention_mask[:, 1:].bool(), (0, 1))  # [N, T]: predicts t+1
-    prefix = shared_prefix_length(input_ids, attention_mask, keep) if share_prefix else 0
-    if share_prefix and prefix >= share_prefix and input_ids.shape[0] > 1:
-        logits = _kept_logits_shared(model, input_ids, attention_mask, keep, prefix).float()  # [K, V]
+    groups = prefix_groups(input_ids, attention_mask, keep, share_prefix) if share_prefix else []
+    if any(prefix for _, prefix in groups):
+        logits = _kept_logits_grouped(model, input_ids, attention_mask, keep, groups).float()  # [K, V]
     else:
         logits = _kept_logits(model, input_ids, attention_mask, keep).float()  # [K, V]
     targets = input_ids[:, 1:][keep[:, :-1]]  # [K]
@@ -88,18 +89,96 @@ def cache_kwarg(model: nn.Module) -> str:
     return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
-def shared_prefix_length(input_ids: Tensor, attention_mask: Tensor, keep: Tensor) -> int:
-    """Length of the longest prefix that can be computed once for every row.
+GROUP_OVERHEAD = 32
+"""Tokens a prefix group must save to be worth its own forward pass (``prefix_groups``)."""
 
-    It is the same real tokens in every row, ends at or before the first kept position of any row (so none of its
-    logits is needed), and before the shortest row ends (every row keeps at least one token of its own).
+
+def prefix_groups(input_ids: Tensor, attention_mask: Tensor, keep: Tensor, min_prefix: int,
+                  overhead: int = GROUP_OVERHEAD) -> list[tuple[list[int], int]]:
+    """Partition the rows into groups that each compute one shared prefix once, saving the most tokens.
+
+    The rows are ordered by their token ids, so rows that share a prefix are neighbours; a group is a run of them,
+    and its prefix is the longest one all its rows share that ends before any of its rows' kept positions and
+    before its shortest row ends (every row keeps at least one token of its own). A group of ``k`` rows with a
+    prefix of ``p`` tokens saves ``(k - 1) * p`` tokens and costs one more forward pass (``overhead`` tokens'
+    worth); the runs are chosen by dynamic programming to save the most. Rows left out of every group form one last
+    group with prefix 0 (one plain forward).
+
+    Args:
+        input_ids: right-padded rows.  # [N, T]
+        attention_mask: 1 on real tokens.  # [N, T]
+        keep: the positions whose logits are needed.  # [N, T]
+        min_prefix: shortest prefix worth sharing.
+        overhead: tokens a group must save beyond ``min_prefix`` sharing to be formed.
+
+    Returns:
+        ``(rows, prefix)`` per group, rows ascending; the plain group (prefix 0), if any, last.
     """
-    same = (input_ids == input_ids[:1]).all(0) & attention_mask.bool().all(0)  # [T]
-    limit = int(same.long().cumprod(0).sum().item())
-    kept = keep.any(0).nonzero()
-    if kept.numel():
-        limit = min(limit, int(kept[0].item()))
-    return min(limit, int(attention_mask.sum(-1).min().item()) - 1)
+    lengths = attention_mask.sum(-1).tolist()
+    first_kept = [int(row.nonzero()[0].item()) if row.any() else lengths[i] for i, row in enumerate(keep)]
+    rows = [input_ids[i, : lengths[i]].tolist() for i in range(input_ids.shape[0])]
+    limits = [min(first_kept[i], lengths[i] - 1) for i in range(len(rows))]  # prefix may not reach a kept position
+    return prefix_runs(rows, limits, min_prefix, overhead)
+
+
+def prefix_runs(rows: list[list[int]], limits: list[int], min_prefix: int,
+                overhead: int = GROUP_OVERHEAD) -> list[tuple[list[int], int]]:
+    """``prefix_groups`` on token lists: ``limits[i]`` is the longest prefix row ``i`` may share.
+
+    Returns:
+        ``(rows, prefix)`` per group, rows ascending; the rows in no group, if any, last with prefix 0.
+    """
+    order = sorted(range(len(rows)), key=lambda i: rows[i])
+    lcp = [_common_length(rows[a], rows[b]) for a, b in zip(order, order[1:])]  # neighbours in the order
+    n = len(order)
+    best = [0] * (n + 1)  # best[i]: tokens saved by the first i rows of the order
+    cut: list[tuple[int, int]] = [(0, 0)] * (n + 1)  # (start of the last run, its prefix)
+    for end in range(1, n + 1):
+        best[end], cut[end] = best[end - 1], (end - 1, 0)  # row end-1 alone
+        prefix = limits[order[end - 1]]
+        for start in range(end - 2, -1, -1):  # the run order[start:end]
+            prefix = min(prefix, lcp[start], limits[order[start]])
+            if prefix < min_prefix:
+                break
+            saved = best[start] + (end - start - 1) * prefix - overhead
+            if saved > best[end]:
+                best[end], cut[end] = saved, (start, prefix)
+    groups, plain, end = [], [], n
+    while end > 0:
+        start, prefix = cut[end]
+        members = sorted(order[start:end])
+        if prefix:
+            groups.append((members, prefix))
+        else:
+            plain.extend(members)
+        end = start
+    groups.reverse()
+    return groups + ([(sorted(plain), 0)] if plain else [])
+
+
+def _common_length(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def _kept_logits_grouped(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, keep: Tensor,
+                         groups: list[tuple[list[int], int]]) -> Tensor:
+    """The kept logits in row-major order, each group run on its own shared prefix (prefix 0: a plain forward)."""
+    per_row: dict[int, Tensor] = {}
+    for members, prefix in groups:
+        idx = torch.tensor(members, device=input_ids.device)
+        width = int(attention_mask[idx].sum(-1).max().item())
+        ids, mask, kept = input_ids[idx, :width], attention_mask[idx, :width], keep[idx, :width]
+        if prefix and len(members) > 1:
+            logits = _kept_logits_shared(model, ids, mask, kept, prefix)
+        else:
+            logits = _kept_logits(model, ids, mask, kept)
+        for row, part in zip(members, logits.split(kept.sum(-1).tolist())):
+            per_row[row] = part
+    return torch.cat([per_row[row] for row in range(input_ids.shape[0])])
 
 
 def _kept_logits_shared(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, keep: Tensor,
@@ -107,7 +186,7 @@ def _kept_logits_shared(model: nn.Module, input_ids: Tensor, attention_mask: Ten
     """``_kept_logits`` with the common ``prefix`` computed once: its keys and values are repeated for every row.
 
     The rows' suffixes attend to the repeated cache; backward sums each row's gradient into the one prefix pass.
-    No kept position lies in the prefix (``shared_prefix_length``), so the kept logits are all the suffixes'.
+    No kept position lies in the prefix (``prefix_groups``), so the kept logits are all the suffixes'.
     """
     name = cache_kwarg(model)
     cache = DynamicCache()

@@ -47,7 +47,7 @@ from envace.rollout.collate import RolloutBatch, collate, role_rows
 from envace.rollout.runner import EpisodeRunner, RolloutConfig
 from envace.scoring import score_episodes
 from envace.types import Episode, Role, Sample, Task
-from envace.update import GRPOConfig, mean_stats, pack_rows, sum_heads
+from envace.update import GRPOConfig, by_tokens, mean_stats, pack_rows, sum_heads
 from envace.users import ModelUser
 from envace.worlds.base import World
 from envace.worlds.rehearse import RehearseWorld, alignment_prompter
@@ -497,7 +497,8 @@ class EnvACEModule(PolicyModule):
         """Split ``rows`` into micro-batches of similar length (less padding).
 
         Each holds at most ``micro_batch_size`` rows and ``micro_batch_tokens`` padded tokens; with role adapters
-        each micro-batch holds one role only, and so with ``grpo.share_prefix`` (rows of one role share a prompt).
+        each micro-batch holds one role only, and so with ``grpo.share_prefix`` (rows of one role share a prompt),
+        whose rows are then ordered by their token ids, so that rows sharing a prefix meet in one micro-batch.
         """
         groups = [rows]
         if self.role_adapters or self.grpo.share_prefix:
@@ -505,7 +506,10 @@ class EnvACEModule(PolicyModule):
             groups = [rows[roles == int(r)] for r in (Role.ACT, Role.REHEARSE)]
         lengths = batch.attention_mask.sum(-1)  # [N]
         for group in groups:
-            group = group[torch.argsort(lengths[group], descending=True, stable=True)]
+            if self.grpo.share_prefix:  # rows that share a prefix side by side (token_logps groups them)
+                group = group[by_tokens(batch.input_ids[group], lengths[group])]
+            else:
+                group = group[torch.argsort(lengths[group], descending=True, stable=True)]
             sizes = lengths[group].tolist()
             yield from pack_rows(group, sizes, self.grpo.micro_batch_size, self.grpo.micro_batch_tokens)
 

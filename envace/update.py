@@ -88,20 +88,32 @@ class GRPOConfig:
 
 
 def pack_rows(rows: Tensor, lengths: list[int], max_rows: int, max_tokens: int) -> Iterator[Tensor]:
-    """Greedy consecutive chunks of ``rows`` (sorted longest first) under a row cap and a padded-token budget.
+    """Greedy consecutive chunks of ``rows`` under a row cap and a padded-token budget.
 
-    A chunk's padded size is ``rows_in_chunk * longest_row``; a single row longer than the budget gets a chunk of
-    its own. ``max_tokens`` 0 means no token budget.
+    A chunk's padded size is ``rows_in_chunk * its_longest_row`` (rows sorted longest first keep it low); a single row
+    longer than the budget gets a chunk of its own. ``max_tokens`` 0 means no token budget.
     """
     start = 0
     while start < len(rows):
-        end = start + 1
+        end, longest = start + 1, lengths[start]
         while end < len(rows) and end - start < max_rows and (
-            max_tokens <= 0 or (end - start + 1) * lengths[start] <= max_tokens
+            max_tokens <= 0 or (end - start + 1) * max(longest, lengths[end]) <= max_tokens
         ):
+            longest = max(longest, lengths[end])
             end += 1
         yield rows[start:end]
         start = end
+
+
+def by_tokens(input_ids: Tensor, lengths: Tensor) -> Tensor:
+    """The order of right-padded rows by their real tokens (lexicographic): rows sharing a prefix become neighbours.
+
+    Args:
+        input_ids: right-padded rows.  # [N, T]
+        lengths: real tokens per row.  # [N]
+    """
+    rows = [input_ids[i, : int(n)].tolist() for i, n in enumerate(lengths)]
+    return torch.tensor(sorted(range(len(rows)), key=lambda i: rows[i]), dtype=torch.long, device=input_ids.device)
 
 
 def sum_heads(stats: list[dict[str, Tensor]]) -> dict[str, Tensor]:

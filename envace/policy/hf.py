@@ -24,6 +24,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from envace.builtin import DOMAINS
 from envace.policy.templates import load_chat_template
 from envace.policy.tiny import build_model, build_tokenizer
 
@@ -163,6 +164,7 @@ class TinyPolicy:
         seed: int = 0,
         lora: LoraSpec | None = None,
         adapters: list[str] | None = None,
+        domains: list[str] | None = None,
     ) -> None:
         """Record the configuration; nothing is built until ``build()``.
 
@@ -172,11 +174,17 @@ class TinyPolicy:
             seed: seed of the random weight initialisation.
             lora: train LoRA adapters with these settings instead of all weights; None trains the full model.
             adapters: one LoRA adapter per name (the "noshare" variant, see ``HFPolicy``). Needs ``lora``.
+            domains: the built-in domains the tokenizer is fitted to (``envace.policy.tiny.build_tokenizer``):
+                ``["bank"]`` (the default) or ``["desk"]``, or both.
 
         Raises:
-            ValueError: ``adapters`` without ``lora``.
+            ValueError: ``adapters`` without ``lora``, or an unknown domain.
         """
         _check_options("float32", lora, adapters, load_in_4bit=False)
+        self.domains = tuple(domains or ("bank",))
+        for domain in self.domains:
+            if domain not in DOMAINS:
+                raise ValueError(f"domains: unknown built-in domain '{domain}'; valid: {', '.join(DOMAINS)}")
         self.hidden = hidden
         self.layers = layers
         self.seed = seed
@@ -189,7 +197,7 @@ class TinyPolicy:
         Returns:
             The model (a ``PeftModel`` when ``lora`` is set) and the tiny tokenizer.
         """
-        tokenizer = build_tokenizer()
+        tokenizer = build_tokenizer(domains=self.domains)
         model: CausalLM = build_model(tokenizer, hidden=self.hidden, layers=self.layers, seed=self.seed)
         if self.lora is not None:
             model = apply_lora(model, self.lora, self.adapters)

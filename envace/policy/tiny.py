@@ -4,10 +4,10 @@ This module owns the tiny tokenizer, its Qwen2.5-style chat template (tools, ``{
 the tiny random Llama-architecture model built on it, and ``save_tiny`` which writes both to a directory loadable
 with ``from_pretrained``. Nothing here touches the network.
 
-The tokenizer is a byte-level BPE trained in code on a small generic corpus plus the built-in bank domain's texts
-(rendered dialogues and rehearse prompts of its train split). Two choices make the demo's sequences about five
-times shorter than a word-level tokenizer's, which is what lets a 1 M-parameter model learn the domain on two CPU
-cores: (1) the pre-tokenizer only isolates numbers, so merges may span words and the domain's fixed text (system
+The tokenizer is a byte-level BPE trained in code on a small generic corpus plus a built-in domain's texts (the
+bank's by default; rendered dialogues and rehearse prompts of its train split). Two choices make the demo's sequences
+about five times shorter than a word-level tokenizer's, which is what lets a 1 M-parameter model learn the domain on
+two CPU cores: (1) the pre-tokenizer only isolates numbers, so merges may span words and the domain's fixed text (system
 prompts, tool schemas, JSON keys) collapses into a few long tokens, much like a prefix cache would; (2) every whole
 number 0..999 is one token, so the rehearse role's arithmetic (balance + amount) is a table lookup rather than
 digit-wise carrying. ``AutoTokenizer`` reloads it unchanged (the Llama model type keeps ``tokenizer.json`` as is).
@@ -65,11 +65,12 @@ NUMBERS = " ".join(str(i) for i in range(1000))
 """Every whole number 0..999, so that the trainer learns each as one token."""
 
 
-def domain_corpus(max_tasks: int = 96) -> list[str]:
-    """Texts of the built-in bank domain, as the model sees them: rendered act dialogues and rehearse prompts.
+def domain_corpus(max_tasks: int = 96, domain: str = "bank") -> list[str]:
+    """Texts of a built-in domain, as the model sees them: rendered act dialogues and rehearse prompts.
 
     Args:
         max_tasks: how many tasks of the packaged train split to render (their order is fixed).
+        domain: the built-in domain (``bank`` or ``desk``).
 
     Returns:
         One text per act dialogue (chat template with tools, reference continuation included) and one per recorded
@@ -82,7 +83,7 @@ def domain_corpus(max_tasks: int = 96) -> list[str]:
 
     stand_in = _untrained_tokenizer()
     texts = []
-    for task in load_tasks(resolve_task_path("builtin:bank"))[:max_tasks]:
+    for task in load_tasks(resolve_task_path(f"builtin:{domain}"))[:max_tasks]:
         dialogue = list(task.messages) + list(task.reference)
         texts.append(stand_in.apply_chat_template(dialogue, tools=list(task.tools), tokenize=False))
         for call, content, history in reference_steps(task):
@@ -131,8 +132,8 @@ def _untrained_tokenizer() -> PreTrainedTokenizerFast:
 
 
 @functools.lru_cache(maxsize=4)
-def _trained_tokenizer_json(vocab_size: int) -> str:
-    """Train the byte-level BPE once per ``vocab_size`` and return it serialised (immutable, so safe to cache)."""
+def _trained_tokenizer_json(vocab_size: int, domains: tuple[str, ...] = ("bank",)) -> str:
+    """Train the byte-level BPE once per ``vocab_size`` and domains; serialised (immutable, so safe to cache)."""
     tok = _base_tokenizer()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -140,23 +141,26 @@ def _trained_tokenizer_json(vocab_size: int) -> str:
         show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # all 256 bytes: any text encodes
     )
-    tok.train_from_iterator(CORPUS + [NUMBERS] * 4 + domain_corpus(), trainer)
+    texts = [text for domain in domains for text in domain_corpus(domain=domain)]
+    tok.train_from_iterator(CORPUS + [NUMBERS] * 4 + texts, trainer)
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in MARKUP])
     return tok.to_str()
 
 
-def build_tokenizer(vocab_size: int = DEFAULT_VOCAB) -> PreTrainedTokenizerFast:
+def build_tokenizer(vocab_size: int = DEFAULT_VOCAB, domains: tuple[str, ...] = ("bank",)) -> PreTrainedTokenizerFast:
     """Build the tiny tokenizer (deterministic; training is cached, every call returns a fresh object).
 
     Args:
         vocab_size: BPE vocabulary size before the markup tokens are added (the trainer may stop earlier when the
             corpus has no more merges).
+        domains: the built-in domains whose texts the BPE is fitted to, besides the generic corpus (the bank by
+            default; ``("desk",)`` for the help desk).
 
     Returns:
         A fast tokenizer with ``<|endoftext|>`` as pad (id 0), ``<|im_end|>`` as eos, the markup tags as single
         non-special tokens, left padding and the Qwen2.5-style tools chat template.
     """
-    return _wrap(Tokenizer.from_str(_trained_tokenizer_json(vocab_size)))
+    return _wrap(Tokenizer.from_str(_trained_tokenizer_json(vocab_size, tuple(domains))))
 
 
 def build_model(

@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from transformers import DynamicCache, LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 from transformers.cache_utils import DynamicLayer
 
-from envace.logprobs import cache_kwarg
+from envace.logprobs import cache_kwarg, prefix_runs
 from envace.rollout.engine import Generation, HFEngine, SamplingParams
 
 KV = list[tuple[Tensor, Tensor]]
@@ -299,6 +299,7 @@ class CachedEngine(HFEngine):
 
     def _prefill(self, prompts: list[list[int]], max_new_tokens: int, device: torch.device) -> tuple[_Batch, Tensor]:
         """Build the batch: stored prefixes left-padded into the cache, new suffixes right-aligned after them."""
+        self._store_shared_prefixes(prompts, device)
         found = [self._lookup(p) for p in prompts]
         reuse = [n for _, n, _ in found]
         past_width = max(reuse)
@@ -320,6 +321,35 @@ class CachedEngine(HFEngine):
                        cache, [[] for _ in prompts])
         logits = self._forward(input_ids.to(device), batch.mask, positions.to(device), cache)
         return batch, logits
+
+    def _store_shared_prefixes(self, prompts: list[list[int]], device: torch.device) -> None:
+        """Compute once, and store, each prefix that several prompts share and the store does not hold yet.
+
+        The prompts of one call share a system prompt and tool schemas (act), or a tool schema and a task's world
+        (rehearse); ``logprobs.prefix_runs`` picks the groups that save the most. Each group's prefix is fed once,
+        on top of whatever the store already holds of it, so that every prompt's lookup then finds it. Only inside
+        a session, and not with ``synced_gpus`` (the ranks would make different numbers of forwards).
+        """
+        if self._sessions == 0 or self._synced() or len(prompts) < 2:
+            return
+        for members, prefix in prefix_runs(prompts, [len(p) - 1 for p in prompts], self.store.block):
+            if prefix and len(members) > 1:
+                self._store_prefix(prompts[members[0]][:prefix], device)
+
+    def _store_prefix(self, ids: list[int], device: torch.device) -> None:
+        """Feed ``ids`` past what the store holds of them, and store their keys and values."""
+        kv, n, key = self.store.lookup(ids)
+        if n >= len(ids) - self.store.block:  # (almost) all there already
+            return
+        n = n if kv is not None and n >= self.store.block else 0
+        cache = _padded_cache([kv if n else None], [n], n, len(ids) - n, device)
+        mask = torch.ones((1, len(ids)), dtype=torch.long, device=device)
+        positions = torch.arange(n, len(ids), device=device)[None]
+        self._forward(torch.tensor([ids[n:]], device=device), mask, positions, cache)
+        self.reused_tokens += n
+        self.prefilled_tokens += len(ids) - n
+        self.store.add(list(ids), [(layer.keys[0].clone(), layer.values[0].clone()) for layer in cache.layers],
+                       supersedes=key if n else None)
 
     def _lookup(self, prompt: list[int]) -> tuple[KV | None, int, int | None]:
         if self._sessions == 0:

@@ -218,3 +218,20 @@ def test_columns_of_finished_rows_are_dropped_without_changing_the_tokens(noisy)
     assert cached.generate([long, short], GREEDY) == hf
     assert len(hf[0].token_ids) == 1 and len(hf[1].token_ids) == 10
     assert seen[0] < 60  # the 120-column prompt width shrank to the short row's own columns
+
+
+def test_a_prefix_shared_by_a_calls_prompts_is_computed_once(noisy) -> None:
+    model, tok = noisy
+    rng = random.Random(5)
+    shared = [rng.randrange(5, 900) for _ in range(48)]  # a system prompt and tool schemas, say
+    tails = [[rng.randrange(5, 900) for _ in range(rng.randrange(3, 12))] for _ in range(5)]
+    prompts = [shared + tail for tail in tails]
+    hf = HFEngine(model, pad_id=tok.pad_token_id, stop_ids=[len(tok) + 7])
+    cached = CachedEngine(model, pad_id=tok.pad_token_id, stop_ids=[len(tok) + 7])
+    with cached.session():
+        assert cached.generate(prompts, GREEDY) == hf.generate(prompts, GREEDY)
+    assert cached.prefilled_tokens == 48 + sum(map(len, tails))  # the prefix once, then each tail
+    assert cached.reused_tokens == 48 * len(prompts)
+    plain = CachedEngine(model, pad_id=tok.pad_token_id, stop_ids=[len(tok) + 7])
+    assert plain.generate(prompts, GREEDY) == hf.generate(prompts, GREEDY)  # outside a session: nothing stored
+    assert plain.prefilled_tokens == sum(map(len, prompts)) and plain.reused_tokens == 0

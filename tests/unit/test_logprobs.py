@@ -190,18 +190,58 @@ def _shared_rows(prefix_len: int, tails: list[int], first_scored: int) -> tuple[
     return ids, mask, scored
 
 
-def test_the_shared_prefix_is_common_real_and_before_every_scored_token() -> None:
-    from envace.logprobs import shared_prefix_length
+def _padded(rows: list[list[int]]) -> tuple[Tensor, Tensor]:
+    width = max(map(len, rows))
+    ids = torch.tensor([r + [0] * (width - len(r)) for r in rows])
+    return ids, (ids > 0).long()
 
-    ids = torch.tensor([[1, 2, 3, 4, 5, 0], [1, 2, 3, 9, 9, 9], [1, 2, 3, 4, 0, 0]])
-    mask = (ids > 0).long()
+
+def test_prefix_groups_pick_the_runs_that_save_the_most() -> None:
+    from envace.logprobs import prefix_groups
+
+    a = [1] * 10  # the prefix every row shares (a system prompt)
+    rows = [a + [2] * 50 + [7, 8], a + [3] * 5 + [9], a + [2] * 50 + [5], a + [3] * 5 + [4, 4]]
+    ids, mask = _padded(rows)
     nothing = torch.zeros_like(ids, dtype=torch.bool)
-    assert shared_prefix_length(ids, mask, nothing) == 3  # [1, 2, 3]; row 1 differs at 3
+    # rows 0 and 2 share 60 tokens: one group saves 60 - 32; rows 1 and 3 share 15: saves -17, so they run plain,
+    # and all four together share only 10 (saves 3 * 10 - 32 < 28)
+    assert prefix_groups(ids, mask, nothing, min_prefix=8) == [([0, 2], 60), ([1, 3], 0)]
+    assert prefix_groups(ids, mask, nothing, min_prefix=8, overhead=0) == [([0, 2], 60), ([1, 3], 15)]
+    assert prefix_groups(ids, mask, nothing, min_prefix=61) == [([0, 1, 2, 3], 0)]  # nothing long enough
     keep = nothing.clone()
-    keep[2, 1] = True  # a kept position at 1 (it predicts token 2): the prefix must end before it runs
-    assert shared_prefix_length(ids, mask, keep) == 1
-    short = torch.tensor([[1, 2, 0], [1, 2, 3]])
-    assert shared_prefix_length(short, (short > 0).long(), torch.zeros_like(short, dtype=torch.bool)) == 1
+    keep[2, 30] = True  # row 2 is scored from position 30 on: its group's prefix ends there
+    assert prefix_groups(ids, mask, keep, min_prefix=8, overhead=0) == [([0, 2], 30), ([1, 3], 15)]
+    short = torch.tensor([[1, 2, 0], [1, 2, 3]])  # every row keeps one token of its own: at most 1 here
+    assert prefix_groups(short, (short > 0).long(), torch.zeros_like(short, dtype=torch.bool), 1, 0) == [([0, 1], 1)]
+
+
+def test_grouped_share_prefix_matches_the_plain_forward(tiny_tokenizer) -> None:
+    from envace.policy import TinyPolicy
+
+    model, _ = TinyPolicy(hidden=64, layers=2).build()
+    model.train()
+    g = torch.Generator().manual_seed(1)
+    system = torch.randint(5, 3000, (12,), generator=g).tolist()
+    tasks = [torch.randint(5, 3000, (30,), generator=g).tolist() for _ in range(2)]
+    rows = [system + tasks[i % 2] + torch.randint(5, 3000, (5 + i,), generator=g).tolist() for i in range(5)]
+    ids, mask = _padded(rows)
+    scored = torch.zeros(ids.shape)
+    for i, row in enumerate(rows):
+        scored[i, 44 : len(row)] = 1
+    results = []
+    for share in (0, 8):
+        model.zero_grad()
+        logps, _ = token_logps(model, ids, mask, positions=scored, share_prefix=share)
+        logps.sum().backward()
+        results.append((logps.detach(), [p.grad.clone() for p in model.parameters()]))
+    (plain, plain_grads), (shared, shared_grads) = results
+    from envace.logprobs import prefix_groups
+
+    keep = torch.nn.functional.pad(scored[:, 1:].bool() & mask[:, 1:].bool(), (0, 1))
+    assert sorted(prefix_groups(ids, mask, keep, 8)) == [([0, 2, 4], 42), ([1, 3], 42)]  # two tasks' rows, two groups
+    assert torch.allclose(plain, shared, atol=1e-5, rtol=1e-5) and plain.abs().sum() > 0  # float32 ulps, as below
+    for a, b in zip(plain_grads, shared_grads):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
 
 
 def test_share_prefix_gives_the_plain_forwards_logps_and_gradients(tiny_tokenizer) -> None:

@@ -29,3 +29,17 @@ def test_every_row_exactly_once() -> None:
     lengths = [31, 30, 22, 17, 17, 9, 4, 1]
     flat = [r for c in chunks(lengths, max_rows=3, max_tokens=64) for r in c]
     assert flat == list(range(len(lengths)))
+
+
+def test_unsorted_rows_pad_to_the_longest_so_far() -> None:
+    # token-ordered rows (share_prefix) come in any length order: [4, 9] pads to 2 x 9 = 18 <= 20, adding 3 would
+    # pad to 3 x 9 = 27; [3, 6] = 12, adding 5 = 18, adding 2 = 24 > 20
+    assert chunks([4, 9, 3, 6, 5, 2], max_rows=8, max_tokens=20) == [[0, 1], [2, 3, 4], [5]]
+
+
+def test_rows_by_tokens_puts_shared_prefixes_side_by_side() -> None:
+    from envace.update import by_tokens
+
+    ids = torch.tensor([[5, 6, 7, 0], [1, 2, 3, 4], [5, 6, 1, 0], [1, 2, 9, 9]])
+    lengths = torch.tensor([3, 4, 3, 4])
+    assert by_tokens(ids, lengths).tolist() == [1, 3, 2, 0]  # [1,2,3,4] < [1,2,9,9] < [5,6,1] < [5,6,7]

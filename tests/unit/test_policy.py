@@ -69,6 +69,18 @@ def test_tiny_tokenizer_has_whole_number_tokens_and_compact_domain_text(tiny_tok
     assert tiny_tokenizer.decode(tiny_tokenizer.encode(text, add_special_tokens=False)) == text
 
 
+def test_tiny_tokenizer_fits_the_domain_it_is_given(tiny_tokenizer) -> None:
+    from envace.policy.tiny import build_tokenizer
+
+    desk = build_tokenizer(domains=("desk",))
+    call = '{"name": "get_ticket", "arguments": {"ticket": "'
+    assert len(desk.tokenize(call)) <= 6 < 10 <= len(tiny_tokenizer.tokenize(call))  # the bank BPE splits it up
+    assert build_tokenizer().get_vocab() == tiny_tokenizer.get_vocab()  # the default stays the bank's
+    assert TinyPolicy(domains=["desk"]).domains == ("desk",)
+    with pytest.raises(ValueError, match="domains: unknown built-in domain 'shop'; valid: bank, desk"):
+        TinyPolicy(domains=["shop"])
+
+
 def test_save_tiny_round_trip(tiny_dir: str, tiny_tokenizer) -> None:
     tok = AutoTokenizer.from_pretrained(tiny_dir)
     messages = [{"role": "system", "content": "You are a bank agent."}, {"role": "user", "content": "Balance?"}]
