@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import yaml
 
 from envace.cli import cli_main
 from envace.errors import report_user_errors as guarded
@@ -29,7 +32,10 @@ from envace.progress import ensure_handler, format_duration
 logger = logging.getLogger("envace.demo")  # not __name__: it is "__main__" under python -m envace.demo
 
 SPLITS = {"test": "builtin:bank-test", "heldout": "builtin:bank-heldout"}
-"""The evaluation splits: in-distribution test tasks, and held-out task templates."""
+"""The evaluation splits: in-distribution test tasks, and held-out task templates (of the bank; ``--domain`` swaps)."""
+DOMAINS = ("bank", "desk")
+"""``--domain``: the built-in domain the demo trains and tests on (the configs name the bank's task sets)."""
+_BANK_SET = re.compile(r"builtin:bank(?=$|[-:])")
 
 DEMO_SFT = (
     "--trainer.max_steps=1000",               # the demo's budget; the configs alone train to a plateau
@@ -57,6 +63,8 @@ class Preset:
         prepare: a packaged model ``envace prepare-model`` writes to ``models/<name>`` before the first stage.
         seeds_weights: ``--seed`` also seeds the initial weights (a policy built in code; a pretrained one has
             its weights).
+        fits_tokenizer: ``--domain`` also fits the policy's tokenizer to that domain (the tiny policy's BPE is
+            trained in code on a domain's texts; a pretrained model has its tokenizer).
     """
 
     sft_config: str
@@ -65,10 +73,12 @@ class Preset:
     rl_overrides: tuple[str, ...]
     prepare: str | None = None
     seeds_weights: bool = False
+    fits_tokenizer: bool = False
 
 
 PRESETS = {
-    "tiny": Preset("lit_configs/tiny_sft.yaml", "lit_configs/tiny_rl.yaml", DEMO_SFT, DEMO_RL, seeds_weights=True),
+    "tiny": Preset("lit_configs/tiny_sft.yaml", "lit_configs/tiny_rl.yaml", DEMO_SFT, DEMO_RL, seeds_weights=True,
+                   fits_tokenizer=True),
     "smollm2": Preset(
         "lit_configs/smollm2_sft.yaml", "lit_configs/smollm2_rl.yaml",
         ("--trainer.max_steps=80", "--trainer.limit_val_batches=0", "--model.init_args.export_best=null",
@@ -88,6 +98,21 @@ COLUMNS = (
     ("calls_per_episode", "calls/episode"),
 )
 """Test metrics shown in the table (key under ``test/``, header)."""
+
+
+def on_domain(args: Sequence[str], domain: str) -> list[str]:
+    """``args`` with every built-in bank task set (``builtin:bank``, ``builtin:bank-val:64``, ...) of ``domain``."""
+    return [_BANK_SET.sub(f"builtin:{domain}", a) for a in args]
+
+
+def domain_overrides(config: str, domain: str) -> list[str]:
+    """The ``--data.*_tasks`` overrides that move a bank config's task sets to ``domain`` (none for the bank)."""
+    if domain == "bank":
+        return []
+    data = (yaml.safe_load(Path(config).read_text(encoding="utf-8")) or {}).get("data") or {}
+    data = data.get("init_args", data)
+    keys = ("train_tasks", "val_tasks", "test_tasks")
+    return on_domain([f"--data.{k}={data[k]}" for k in keys if isinstance(data.get(k), str)], domain)
 
 
 @dataclass
@@ -156,7 +181,7 @@ def format_table(rows: list[tuple[str, str, dict[str, float], str]]) -> str:
 
 def run_demo(out: str, sft_config: str, rl_config: str, sft_overrides: Sequence[str] = (),
              rl_overrides: Sequence[str] = (), eval_tasks: int | None = None, seed: int | None = None,
-             seeds_weights: bool = True) -> str:
+             seeds_weights: bool = True, domain: str = "bank", fits_tokenizer: bool = False) -> str:
     """Run the three stages under ``out`` and return the results table.
 
     Args:
@@ -170,8 +195,17 @@ def run_demo(out: str, sft_config: str, rl_config: str, sft_overrides: Sequence[
             order of both stages); None keeps the configs' (0). The warm start is teacher-forced and its validation
             greedy: only the weights and the task order make two seeds' warm starts differ.
         seeds_weights: ``seed`` also sets the policy's ``seed`` (a ``TinyPolicy``'s initial weights).
+        domain: the built-in domain (``DOMAINS``): its task sets replace the bank's in the configs and overrides.
+        fits_tokenizer: with a domain other than the bank, fit the policy's tokenizer to it (``TinyPolicy``).
     """
+    if domain not in DOMAINS:
+        raise ValueError(f"unknown domain '{domain}'; valid: {', '.join(DOMAINS)}")
     splits = {k: v if eval_tasks is None else f"{v}:{eval_tasks}" for k, v in SPLITS.items()}
+    splits = dict(zip(splits, on_domain(list(splits.values()), domain), strict=True))
+    fitted = fits_tokenizer and domain != "bank"
+    tokenizer = [f"--model.init_args.policy.init_args.domains=[{domain}]"] if fitted else []
+    sft_overrides = [*domain_overrides(sft_config, domain), *tokenizer, *on_domain(sft_overrides, domain)]
+    rl_overrides = [*domain_overrides(rl_config, domain), *on_domain(rl_overrides, domain)]
     seeded = [] if seed is None else [f"--seed_everything={seed}", f"--data.seed={seed}"]
     initial = [] if seed is None or not seeds_weights else [f"--model.init_args.policy.init_args.seed={seed}"]
     start = time.perf_counter()
@@ -211,6 +245,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--rl", action="append", default=[], metavar="OVERRIDE",
                         help="an extra `envace fit` argument for the RL stage (repeatable)")
     parser.add_argument("--eval-tasks", type=int, default=None, help="test on this many tasks per split")
+    parser.add_argument("--domain", choices=DOMAINS, default="bank",
+                        help="the built-in domain: bank (arithmetic on balances) or desk (help desk tickets: string "
+                             "lookups and updates); docs/builtin-domain.md")
     parser.add_argument("--seed", type=int, default=None,
                         help="seed of the weights, the task order and sampling (default: the configs' 0)")
     args = parser.parse_args(argv)
@@ -225,7 +262,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             logger.info("demo: preparing %s in %s (once)", preset.prepare, DEFAULT_ROOT / preset.prepare)
             prepare(packaged_gguf(preset.prepare), DEFAULT_ROOT / preset.prepare)
         return run_demo(args.out, sft_config, rl_config, [*preset.sft_overrides, *args.sft],
-                        [*preset.rl_overrides, *args.rl], args.eval_tasks, args.seed, preset.seeds_weights)
+                        [*preset.rl_overrides, *args.rl], args.eval_tasks, args.seed, preset.seeds_weights,
+                        args.domain, preset.fits_tokenizer)
 
     report = guarded(stages, ["--config", sft_config, "--config", rl_config, *args.sft, *args.rl])
     Path(args.out).mkdir(parents=True, exist_ok=True)

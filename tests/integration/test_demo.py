@@ -108,3 +108,29 @@ def test_the_smollm2_preset_prepares_the_model_and_seeds_no_weights(monkeypatch:
     assert "--seed_everything=3" in sft and not any("policy.init_args.seed" in a for a in sft)  # pretrained weights
     assert sft[-1] == "--trainer.max_steps=2"  # the user's override after the preset's budget
     assert "| warm start (SFT) | test | 0.500 |" in (tmp_path / "results.md").read_text()
+
+
+def test_the_domain_moves_every_task_set_and_fits_the_tiny_tokenizer(monkeypatch: pytest.MonkeyPatch) -> None:
+    fits: list[list[str]] = []
+    tested: list[str] = []
+
+    def fit(config: str, export_dir: str, root_dir: str, overrides: list[str] = ()) -> demo.StageResult:
+        fits.append(list(overrides))
+        return demo.StageResult(export_dir, 1.0, 1, {"train/real_calls_total": 0.0})
+
+    def evaluate(config: str, policy: str, tasks: str, root: str, overrides: list[str] = ()) -> dict[str, float]:
+        tested.append(tasks)
+        return {"success_act": 1.0}
+
+    monkeypatch.setattr(demo, "fit", fit)
+    monkeypatch.setattr(demo, "evaluate", evaluate)
+    sft, rl = str(ROOT / "lit_configs/tiny_sft.yaml"), str(ROOT / "lit_configs/tiny_rl.yaml")
+    demo.run_demo("out", sft, rl, list(demo.DEMO_SFT), [], eval_tasks=4, domain="desk", fits_tokenizer=True)
+    assert fits[0] == ["--data.train_tasks=builtin:desk:500", "--data.val_tasks=builtin:desk-val",
+                       "--model.init_args.policy.init_args.domains=[desk]", "--trainer.max_steps=1000",
+                       "--trainer.val_check_interval=250", "--data.val_tasks=builtin:desk-val:64"]  # fmt: skip
+    assert fits[1][1:] == ["--data.train_tasks=builtin:desk:2000", "--data.val_tasks=builtin:desk-val"]
+    assert tested == ["builtin:desk-test:4", "builtin:desk-heldout:4"] * 2
+    assert demo.on_domain(["--x=builtin:bankrupt", "builtin:bank"], "desk") == ["--x=builtin:bankrupt", "builtin:desk"]
+    with pytest.raises(ValueError, match="unknown domain 'shop'"):
+        demo.run_demo("out", sft, rl, domain="shop")

@@ -252,6 +252,15 @@ def make_tasks_reproduces_the_packaged_files(ws: Path, output: str) -> None:
         assert (ws / "builtin" / split.file).read_bytes() == packaged, split.file
 
 
+def desk_tasks_reproduce_the_packaged_files(ws: Path, output: str) -> None:
+    """The regenerated desk split files equal the packaged ones byte for byte."""
+    from envace.builtin import desk_tasks
+    from envace.builtin.generator import PACKAGE_DIR
+
+    for split in desk_tasks.SPLITS.values():
+        assert (ws / "builtin" / split.file).read_bytes() == (PACKAGE_DIR / split.file).read_bytes(), split.file
+
+
 def nonempty_jsonl(name: str) -> Callable[[Path, str], None]:
     """A check: ``name`` (in the workspace) holds at least one task line."""
     def check(ws: Path, output: str) -> None:
@@ -519,6 +528,11 @@ REGISTRY: dict[str, Entry] = {
     "python -m envace.demo --seed N": run(
         "demo", *DEMO_TINY, subs=(("N", "1"),), check=expect_output("| EnvACE (rehearse RL) | heldout |"),
         why="N: 1; both stages tiny, as in the train.sh entry"),
+    "python -m envace.demo --domain desk": run(
+        "demo", "--out", "runs/demo_desk", *DEMO_TINY, check=both(
+            expect_output("| EnvACE (rehearse RL) | heldout |"),
+            expect_files("runs/demo_desk/results.md", "runs/demo_desk/sft/policy/tokenizer.json")),
+        why="both stages tiny, as in the train.sh entry, in their own folder (the bank demo's outputs stay)"),
     ".venv/bin/envace fit --config lit_configs/tiny_rl.yaml --model.policy.init_args.name_or_path=runs/demo/sft/policy "
     "--model.world=envace.worlds.RealWorld": run("demo", *RL_TINY, why="from the tiny demo's warm start"),
     ".venv/bin/tensorboard --logdir runs/demo": parse_only(
@@ -583,6 +597,10 @@ REGISTRY: dict[str, Entry] = {
     "python -m envace.builtin.make_tasks": run(
         "bench", "--out-dir", "builtin", setup=lambda ws, words: (ws / "builtin").mkdir(),
         check=make_tasks_reproduces_the_packaged_files,
+        why="as shown it rewrites the package's own files; the test writes them to a folder and compares"),
+    "python -m envace.builtin.desk_tasks": run(
+        "bench", "--out-dir", "builtin", setup=lambda ws, words: (ws / "builtin").mkdir(),
+        check=desk_tasks_reproduce_the_packaged_files,
         why="as shown it rewrites the package's own files; the test writes them to a folder and compares"),
     "python -m envace.benchmarks.bfcl --export OUT.jsonl": run("bench", check=nonempty_jsonl("OUT.jsonl")),
     "python -m envace.benchmarks.tau2_train --export OUT.jsonl --mode user|solo": run(
