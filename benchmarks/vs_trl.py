@@ -39,6 +39,10 @@ Protocol (a fair side-by-side: identical inputs, identical work, identical optim
 Run from the repository root (TRL is an optional dependency: ``.venv/bin/pip install -e '.[vs-trl]'``)::
 
     .venv/bin/python benchmarks/vs_trl.py [--pairs 3] [--steps 10] [--warmup 2] [--threads 1] [--engine cached|hf]
+        [--model models/smollm2-135m-instruct]
+
+``--model DIR`` runs both sides on a real model instead of the tiny Qwen2 (its own tokenizer, TRL's ChatML
+``qwen2_5.jinja`` template).
 
 It prints a Markdown table and, last, ``SUMMARY trl_over_envace_step_time=<f> threads=<n>``: the median over pairs
 of (TRL median step time / envace median step time); above 1 means envace is faster.
@@ -160,6 +164,32 @@ def build_model_dir(out: Path) -> None:
     model.save_pretrained(out)
     if AutoTokenizer.from_pretrained(out).chat_template != template:
         raise RuntimeError(f"{out}: the saved chat template differs from TRL's qwen2_5.jinja")
+
+
+def use_model_dir(source: Path, out: Path) -> None:
+    """Copy a local Hugging Face model (e.g. ``models/smollm2-135m-instruct``) to ``out``, with TRL's template.
+
+    Both sides then load the same real model and tokenizer; the chat template is TRL's ``qwen2_5.jinja`` (ChatML,
+    the format SmolLM2's own template writes), set on the model's own tokenizer.
+
+    Raises:
+        RuntimeError: the tokenizer has no ChatML control tokens (``<|im_start|>``, ``<|im_end|>``).
+    """
+    import importlib.resources as ir
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    vocab = tokenizer.get_vocab()
+    if "<|im_start|>" not in vocab or "<|im_end|>" not in vocab:
+        raise RuntimeError(f"{source}: its tokenizer has no <|im_start|>/<|im_end|> tokens for the ChatML template")
+    tokenizer.chat_template = (ir.files("trl") / "chat_templates" / "qwen2_5.jinja").read_text(encoding="utf-8")
+    tokenizer.save_pretrained(out)
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    stops = [vocab["<|im_end|>"]] + ([tokenizer.pad_token_id] if tokenizer.pad_token_id != vocab["<|im_end|>"] else [])
+    model.generation_config.eos_token_id = stops
+    model.save_pretrained(out)
 
 
 def write_tasks(path: Path) -> None:
@@ -483,6 +513,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=2, help="untimed steps at the start of each run")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads and OMP/MKL_NUM_THREADS")
     p.add_argument("--engine", choices=("cached", "hf"), help="envace's model.rollout.engine (default: envace's)")
+    p.add_argument("--model", type=Path, help="a local Hugging Face model directory to compare on (e.g. "
+                   "models/smollm2-135m-instruct, from envace prepare-model) instead of the tiny Qwen2 built in code")
     p.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # worker mode
     p.add_argument("--workdir", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--out", type=Path, help=argparse.SUPPRESS)
@@ -507,7 +539,10 @@ def main(argv: list[str] | None = None) -> None:
               flush=True)
     with tempfile.TemporaryDirectory(prefix="envace-vs-trl-") as tmp:
         workdir = Path(tmp)
-        build_model_dir(workdir / MODEL_DIR)
+        if args.model is None:
+            build_model_dir(workdir / MODEL_DIR)
+        else:
+            use_model_dir(args.model, workdir / MODEL_DIR)
         write_tasks(workdir / TASKS_FILE)
         results: list[tuple[str, list[dict[str, float]]]] = []
         pairs: list[tuple[int, str]] = []
@@ -521,8 +556,10 @@ def main(argv: list[str] | None = None) -> None:
     from envace.rollout.runner import RolloutConfig
 
     engine = args.engine or RolloutConfig().engine
-    print(f"\n{args.pairs} pairs x ({args.warmup} warm-up + {args.steps} timed steps); {PROMPTS_PER_STEP} prompts x "  # noqa: T201
-          f"G={GROUP_SIZE} x {NEW_TOKENS} new tokens per step; envace engine {engine}; torch threads "
+    model = args.model or "the tiny Qwen2 built in code"
+    print(f"\n{model}: {args.pairs} pairs x ({args.warmup} warm-up + {args.steps} timed steps); "  # noqa: T201
+          f"{PROMPTS_PER_STEP} prompts x G={GROUP_SIZE} x {NEW_TOKENS} new tokens per step; envace engine {engine}; "
+          "torch threads "
           f"{sorted(threads)}; load average "
           f"before {load:.2f}, after {os.getloadavg()[0]:.2f}\n")
     print(report(results, pairs, args.warmup))  # noqa: T201

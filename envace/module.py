@@ -298,6 +298,9 @@ class EnvACEModule(PolicyModule):
         metrics["nonfinite_skips"] = float(self._nonfinite_skips)
         metrics["update_time_s"] = time.perf_counter() - start
         metrics["rows"] = float(len(batch))
+        metrics["row_tokens"] = float(batch.attention_mask.sum())  # every row's tokens, prompts included
+        passes = self.grpo.ppo_epochs * metrics["row_tokens"]
+        metrics["update_tokens_per_s"] = passes / metrics["update_time_s"] if metrics["update_time_s"] > 0 else 0.0
         spent = sum(e.stats.real_calls for e in batch.episodes) + int(metrics.get("real_calls_audit", 0))
         self.real_calls_total += self._sum_over_ranks(spent)
         self.real_calls_saved_total += self._sum_over_ranks(int(metrics["real_calls_saved"]))
