@@ -3,7 +3,7 @@
 A CPU with AVX512-BF16 or AMX runs bf16 matmuls about twice as fast as float32, which is why the SmolLM2 configs ask
 for ``precision: bf16-mixed``. A CPU without them (AVX2 only, many laptops and cloud machines) sends every bf16
 matmul to ATen's scalar reference loop instead: measured here, a 2048x576 by 576x1536 product took 3.1 s in bf16
-against 0.10 s in float32, so a SmolLM2 training step that takes 30 s on one machine does not finish a step in ten
+against 0.10 s in float32, so a SmolLM2 SFT step that takes 30 s on one machine did not finish in 15
 minutes on the other. Whether a CPU has such a kernel is not one flag (oneDNN also emulates bf16 on plain AVX512,
 and ``ONEDNN_MAX_CPU_ISA`` can cap it), so envace measures it: a small bf16 and float32 matmul, timed.
 

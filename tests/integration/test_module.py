@@ -99,6 +99,9 @@ def test_several_ppo_epochs_count_optimiser_steps(tmp_path: Path) -> None:
     assert cli.trainer.global_step == 4  # max_steps counts optimiser steps (manual optimisation)
     scalars = _scalars(tmp_path)
     assert len(scalars["train/loss"]) == 1  # one rollout batch made all 4 steps (2 epochs x 2+ mini-batches)
+    (tokens,), (seconds,), (rate,) = (scalars[f"train/{k}"] for k in ("row_tokens", "update_time_s",
+                                                                      "update_tokens_per_s"))
+    assert tokens > 0 and rate == pytest.approx(2 * tokens / seconds, rel=1e-4)  # both epochs passed every row
 
 
 @pytest.mark.slow
