@@ -4,7 +4,7 @@ Every reference call of the tasks is rehearsed greedily with the real history be
 exact match of the response, leaf F1 of its JSON leaves, error agreement), and the scores are grouped by tool.
 
 Run from the repository root: ``.venv/bin/python benchmarks/fidelity_per_tool.py NAME=DIR [NAME=DIR ...]
-[--tasks builtin:bank-test] [--dtype bfloat16]``, where each DIR is a policy in Hugging Face format (an
+[--tasks builtin:bank-test] [--dtype auto|bfloat16|float32]``, where each DIR is a policy in Hugging Face format (an
 ``export_dir``, or ``models/smollm2-135m-instruct``). Prints a Markdown table (one row per policy and tool, then
 all tools) and a last line ``SUMMARY <name>_exact_match=... <name>_leaf_f1=...``.
 """
@@ -21,6 +21,7 @@ import time  # noqa: E402
 
 import torch  # noqa: E402
 
+from envace.cpu_precision import cpu_dtype  # noqa: E402
 from envace.fidelity import per_tool, reference_probes, rehearse_probes, summarize  # noqa: E402
 from envace.policy import HFPolicy  # noqa: E402
 from envace.rollout.kv_engine import CachedEngine  # noqa: E402
@@ -48,11 +49,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("policies", nargs="+", metavar="NAME=DIR")
     parser.add_argument("--tasks", default="builtin:bank-test")
-    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                        help="auto: bfloat16 on a CPU with fast bf16 matmuls, else float32 (envace.cpu_precision)")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--chat-template", default=None,
                         help="replace the tokenizers' template (e.g. chatml-tools for the untrained SmolLM2)")
     args = parser.parse_args(argv)
+    if args.dtype == "auto":
+        args.dtype = cpu_dtype() if not torch.cuda.is_available() else "bfloat16"
     pairs = [p.split("=", 1) for p in args.policies]
     if any(len(p) != 2 for p in pairs):
         parser.error("each policy is NAME=DIR")

@@ -58,6 +58,11 @@ def bf16_matmul_slowdown(size: int = 512, repeats: int = 3) -> float:
     return times[torch.bfloat16] / times[torch.float32]
 
 
+def cpu_dtype() -> str:
+    """The faster float dtype for a model on this CPU: ``bfloat16`` where bf16 matmuls are fast, else ``float32``."""
+    return "bfloat16" if bf16_matmul_slowdown() <= SLOWDOWN_LIMIT else "float32"
+
+
 def on_cpu(accelerator: object) -> bool:
     """The Trainer runs on the CPU: ``accelerator`` is ``cpu`` (or a ``CPUAccelerator``), or ``auto`` with no GPU."""
     if not isinstance(accelerator, str):

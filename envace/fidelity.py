@@ -24,7 +24,7 @@ from torchmetrics import Metric
 from envace.data.tasks import reference_steps
 from envace.rewards.shaping import leaf_f1
 from envace.roles.parsing import json_type_name
-from envace.rollout.engine import Engine, SamplingParams
+from envace.rollout.engine import Engine, SamplingParams, sessions
 from envace.types import Task, canonical_json, is_error_value
 from envace.worlds.base import ToolReply, ToolRequest
 from envace.worlds.rehearse import RehearseWorld
@@ -417,5 +417,6 @@ def rehearse_probes(probes: list[Probe], world: RehearseWorld, engine: Engine, m
     if not probes:
         return []
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
-    replies = world.respond([probe.request for probe in probes], engine, params)
+    with sessions(engine):  # a caching engine computes the probes' shared prompt prefixes once
+        replies = world.respond([probe.request for probe in probes], engine, params)
     return [score_reply(reply, probe.real) for reply, probe in zip(replies, probes)]

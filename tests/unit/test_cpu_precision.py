@@ -66,3 +66,10 @@ def test_the_cli_trainer_gets_the_fallback(monkeypatch, tmp_path) -> None:
     cli = cli_main(["--config", "lit_configs/tiny.yaml", "--trainer.precision=bf16-mixed",
                     f"--trainer.default_root_dir={tmp_path}"], run=False)
     assert cli.trainer.precision == "bf16-mixed"
+
+
+def test_cpu_dtype_follows_the_measurement(monkeypatch) -> None:
+    monkeypatch.setattr(cpu_precision, "bf16_matmul_slowdown", lambda: 30.0)
+    assert cpu_precision.cpu_dtype() == "float32"
+    monkeypatch.setattr(cpu_precision, "bf16_matmul_slowdown", lambda: 0.5)
+    assert cpu_precision.cpu_dtype() == "bfloat16"
