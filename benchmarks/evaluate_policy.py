@@ -80,13 +80,22 @@ def check_category(category: str) -> None:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def build_engine(model: str) -> tuple[Any, Any]:
-    """``(engine, tokenizer)`` of a checkpoint directory or ``tiny``; ``(None, tokenizer)`` for ``gold``."""
+def build_engine(model: str, chat_template: str | None = None, engine: str = "cached") -> tuple[Any, Any]:
+    """``(engine, tokenizer)`` of a checkpoint directory or ``tiny``; ``(None, tokenizer)`` for ``gold``.
+
+    Args:
+        model: a checkpoint directory, ``tiny`` or ``gold``.
+        chat_template: replaces the checkpoint's template (``chatml-tools`` or a jinja file; e.g. for an untrained
+            SmolLM2, whose own template ignores tools).
+        engine: ``cached`` (``CachedEngine``, envace's rollout engine) or ``hf`` (one ``generate`` per call); greedy
+            outputs are the same tokens.
+    """
     import torch
 
     from envace.policy import HFPolicy, TinyPolicy
     from envace.policy.tiny import build_model
     from envace.rollout.engine import HFEngine
+    from envace.rollout.kv_engine import CachedEngine
 
     if model in ("gold", "tiny"):
         _, tokenizer = TinyPolicy().build()
@@ -94,10 +103,11 @@ def build_engine(model: str) -> tuple[Any, Any]:
             return None, tokenizer
         network = build_model(tokenizer, hidden=32, layers=1, seed=0, max_positions=32768)
     else:
-        network, tokenizer = HFPolicy(model).build()
+        network, tokenizer = HFPolicy(model, chat_template=chat_template).build()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     network = network.to(device).eval()
-    return HFEngine(network, pad_id=tokenizer.pad_token_id, stop_ids=[tokenizer.eos_token_id]), tokenizer
+    kind = CachedEngine if engine == "cached" else HFEngine
+    return kind(network, pad_id=tokenizer.pad_token_id, stop_ids=[tokenizer.eos_token_id]), tokenizer
 
 
 def chat_model(model: str | None, max_new_tokens: int) -> Any:
@@ -313,6 +323,11 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line's options."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="a checkpoint directory, 'tiny' or 'gold'")
+    parser.add_argument("--chat-template", default=None,
+                        help="replace the checkpoint's chat template: chatml-tools or a jinja file (e.g. for an "
+                             "untrained SmolLM2, whose own template ignores tools)")
+    parser.add_argument("--engine", default="cached", choices=("cached", "hf"),
+                        help="cached: envace's CachedEngine (default); hf: one transformers generate per call")
     parser.add_argument("--bfcl-categories", nargs="*", default=OFFLINE_BFCL, metavar="CATEGORY",
                         help="BFCL categories, multi-turn and single-turn (default: every offline one; none: no BFCL)")
     parser.add_argument("--bfcl-limit", type=int, default=None, help="first entries of each category (default: all)")
@@ -436,7 +451,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
     check_args(parser, args)
-    engine, tokenizer = build_engine(args.model)
+    engine, tokenizer = build_engine(args.model, args.chat_template, args.engine)
     results, lines = run_all(args, engine, tokenizer)
     print("\n".join(lines).rstrip())  # noqa: T201
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

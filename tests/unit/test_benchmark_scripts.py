@@ -194,3 +194,18 @@ def test_fidelity_per_tool_prints_a_row_per_tool_and_the_summary(tiny_dir: str, 
     assert "all" in tools and len(tools) >= 3  # at least one tool, the total and the timing row
     summary = dict(kv.split("=") for kv in out.strip().splitlines()[-1].removeprefix("SUMMARY ").split())
     assert set(summary) == {"tiny_exact_match", "tiny_leaf_f1"} and 0.0 <= float(summary["tiny_leaf_f1"]) <= 1.0
+
+
+def test_evaluate_policy_engines_agree_and_a_template_can_be_set(tiny_dir: str, tmp_path: Path, capsys) -> None:
+    module = _script("evaluate_policy")
+    summaries = []
+    for engine in ("cached", "hf"):
+        module.main(["--model", "tiny", "--bfcl-categories", "multi_turn_base", "--bfcl-limit", "1", "--tau2-limit",
+                     "1", "--act-max-new-tokens", "4", "--engine", engine, "--out", str(tmp_path / f"{engine}.json")])
+        summaries.append(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summaries[0] == summaries[1]  # greedy: the same tokens from either engine
+    from envace.policy.templates import load_chat_template
+    from envace.rollout.kv_engine import CachedEngine
+
+    engine, tokenizer = module.build_engine(tiny_dir, chat_template="chatml-tools")
+    assert isinstance(engine, CachedEngine) and tokenizer.chat_template == load_chat_template("chatml-tools")
