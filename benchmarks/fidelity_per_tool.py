@@ -30,11 +30,12 @@ from envace.worlds import RehearseWorld  # noqa: E402
 
 
 def fidelity(policy_dir: str, tasks_spec: str, dtype: str, max_new_tokens: int,
-             chat_template: str | None) -> tuple[dict[str, dict[str, float]], dict[str, float], float]:
+             chat_template: str | None, think: bool = False) -> tuple[dict[str, dict[str, float]], dict[str, float],
+                                                                     float]:
     """Per-tool and overall fidelity of one policy, and the seconds it took."""
     model, tokenizer = HFPolicy(policy_dir, dtype=dtype, chat_template=chat_template).build()
     model.eval().requires_grad_(False)
-    world = RehearseWorld()
+    world = RehearseWorld(think=think)
     world.bind(tokenizer, model)
     engine = CachedEngine(model, pad_id=tokenizer.pad_token_id, stop_ids=[tokenizer.eos_token_id], max_batch_size=64)
     probes = reference_probes(load_task_set(tasks_spec))
@@ -52,6 +53,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                         help="auto: bfloat16 on a CPU with fast bf16 matmuls, else float32 (envace.cpu_precision)")
     parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--think", action="store_true",
+                        help="the rehearse prompt of a thinking rehearse role (RehearseWorld(think=True))")
     parser.add_argument("--chat-template", default=None,
                         help="replace the tokenizers' template (e.g. chatml-tools for the untrained SmolLM2)")
     args = parser.parse_args(argv)
@@ -66,7 +69,8 @@ def main(argv: list[str] | None = None) -> None:
     print("|---|---|---|---|---|---|")
     summary = []
     for name, path in pairs:
-        tools, overall, seconds = fidelity(path, args.tasks, args.dtype, args.max_new_tokens, args.chat_template)
+        tools, overall, seconds = fidelity(path, args.tasks, args.dtype, args.max_new_tokens, args.chat_template,
+                                           args.think)
         for tool, m in [*tools.items(), ("all", overall)]:
             print(f"| {name} | {tool} | {int(m['probes'])} | {m['exact_match']:.3f} | {m['leaf_f1']:.3f} | "
                   f"{m['error_agreement']:.3f} |")

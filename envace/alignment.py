@@ -17,7 +17,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from envace.data.tasks import reference_calls, reference_steps
+from envace.data.tasks import reference_calls, reference_reasoning, reference_steps
 from envace.policy.chat import encode
 from envace.roles.rehearse import format_result
 from envace.types import Episode, Role, Sample, Task, ToolCall
@@ -33,22 +33,25 @@ def _normalise(content: str) -> str:
         return json.dumps({"result": content}, ensure_ascii=False)
 
 
-def target_ids(tokenizer: PreTrainedTokenizerBase, content: str) -> list[int]:
-    """What the rehearse role must generate to reproduce ``content``: the formatted result, then the eos token."""
-    return encode(tokenizer, format_result(_normalise(content))) + [tokenizer.eos_token_id]
+def target_ids(tokenizer: PreTrainedTokenizerBase, content: str, reasoning: str = "") -> list[int]:
+    """What the rehearse role must generate for ``content``: its working (if any), the result, the eos token."""
+    return encode(tokenizer, format_result(_normalise(content), reasoning)) + [tokenizer.eos_token_id]
 
 
-def long_responses(tasks: list[Task], tokenizer: PreTrainedTokenizerBase, max_new_tokens: int) -> tuple[int, int, int]:
+def long_responses(tasks: list[Task], tokenizer: PreTrainedTokenizerBase, max_new_tokens: int,
+                   think: bool = False) -> tuple[int, int, int]:
     """``(long, total, longest)`` of the recorded tool responses of ``tasks`` and their rehearse targets.
 
-    ``long`` of the ``total`` responses have a target (``target_ids``) longer than ``max_new_tokens`` tokens;
-    ``longest`` is the longest target's length (0 without any response).
+    ``long`` of the ``total`` responses have a target (``target_ids``, with the recorded working when ``think``)
+    longer than ``max_new_tokens`` tokens; ``longest`` is the longest target's length (0 without any response).
     """
-    lengths = [len(target_ids(tokenizer, content)) for task in tasks for _, content in reference_calls(task)]
+    lengths = [len(target_ids(tokenizer, content, reasoning if think else "")) for task in tasks
+               for (_, content), reasoning in zip(reference_calls(task), reference_reasoning(task))]
     return sum(n > max_new_tokens for n in lengths), len(lengths), max(lengths, default=0)
 
 
-def warn_long_responses(tasks: list[Task], tokenizer: PreTrainedTokenizerBase, max_new_tokens: int) -> int:
+def warn_long_responses(tasks: list[Task], tokenizer: PreTrainedTokenizerBase, max_new_tokens: int,
+                        think: bool = False) -> int:
     """Warn (once per call) when recorded tool responses of ``tasks`` are longer than the rehearse budget.
 
     Their alignment targets are whole, but the rehearse role can generate only the first ``max_new_tokens`` tokens
@@ -57,7 +60,7 @@ def warn_long_responses(tasks: list[Task], tokenizer: PreTrainedTokenizerBase, m
     Returns:
         How many responses are too long.
     """
-    long, total, longest = long_responses(tasks, tokenizer, max_new_tokens)
+    long, total, longest = long_responses(tasks, tokenizer, max_new_tokens, think)
     if long:
         warnings.warn(
             f"{long} of {total} recorded tool responses of the training tasks are longer than "
@@ -73,6 +76,9 @@ def warn_long_responses(tasks: list[Task], tokenizer: PreTrainedTokenizerBase, m
 
 class AlignmentRows:
     """Builds (and caches) the alignment rows of tasks.
+
+    With a thinking prompter (``RehearseWorld(think=True)``), a recorded call's target starts with its working (the
+    tool message's ``reasoning``); live pairs have none and train the result alone.
 
     Args:
         tokenizer: the policy's tokenizer.
@@ -119,12 +125,15 @@ class AlignmentRows:
     def _task_rows(self, task: Task) -> list[Sample]:
         if task.id not in self._cache:
             steps = reference_steps(task)[: self.max_per_task]
-            self._cache[task.id] = [self._row(task, call, content, history) for call, content, history in steps]
+            reasoning = reference_reasoning(task) if self.prompter.think else [""] * len(steps)
+            self._cache[task.id] = [self._row(task, call, content, history, why)
+                                    for (call, content, history), why in zip(steps, reasoning)]
         return self._cache[task.id]
 
-    def _row(self, task: Task, call: ToolCall, content: str, history: list[dict[str, Any]]) -> Sample:
+    def _row(self, task: Task, call: ToolCall, content: str, history: list[dict[str, Any]],
+             reasoning: str = "") -> Sample:
         prompt = self.prompter.prompt(ToolRequest(task, call, history, None, -1, -1))
-        target = target_ids(self.tokenizer, content)
+        target = target_ids(self.tokenizer, content, reasoning)
         return Sample(
             token_ids=prompt.ids + target,
             role_ids=prompt.roles + [int(Role.TOOL)] * len(target),

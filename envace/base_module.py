@@ -106,7 +106,8 @@ class PolicyModule(L.LightningModule):
         budget = self.rehearse_budget()
         if budget is not None and self.trainer.is_global_zero:
             train = getattr(self.trainer.datamodule, "tasks", {}).get("train") or []
-            warn_long_responses(train, self.tokenizer, budget)
+            prompter = getattr(self, "prompter", None)
+            warn_long_responses(train, self.tokenizer, budget, think=bool(getattr(prompter, "think", False)))
 
     def rehearse_budget(self) -> int | None:
         """Most tokens one rehearsed tool response may take (``rollout.rehearse_max_new_tokens``); None: no rehearsal.

@@ -30,6 +30,7 @@ from envace.builtin.desk_templates import (
     TRAIN_TEMPLATES,
     World,
     answer_from_responses,
+    working,
 )
 from envace.builtin.generator import PACKAGE_DIR, Split
 from envace.types import Task
@@ -93,6 +94,7 @@ DESK = generator.Domain(
     draw_world=draw_world,
     world_context=world_context,
     answer=answer_from_responses,
+    working=working,
 )
 """The help desk domain, as ``envace.builtin.generator`` generates it."""
 

@@ -201,6 +201,53 @@ def answer_from_responses(plan: Plan, contents: list[str]) -> str:
     return report_value(value, plan.report)
 
 
+# --- the environment's working ---------------------------------------------------------------------------------------
+
+
+def working(world: World, done: list[ToolCall], call: ToolCall) -> str:
+    """The desk's reasoning for ``call`` after the successful calls ``done``: the record it reads, the check it passes.
+
+    Examples::
+
+        T852 exists.
+        T250: assignee none -> hana.
+        T904 is closed: it cannot be assigned.
+        T760 has no assignee: it cannot be closed.
+        Tickets assigned to eli: T306 T555.
+        T857 is not a ticket.
+    """
+    tickets = {tid: dict(record) for tid, record in world.tickets.items()}
+    for earlier in done:
+        _update(tickets, earlier)
+    args = call.arguments
+    ticket, agent = args.get("ticket"), args.get("agent")
+    if ticket is not None and ticket not in tickets:
+        return f"{ticket} is not a ticket."
+    if agent is not None and agent not in world.agents:
+        return f"{agent} is not on the desk."
+    if call.name == "get_ticket":
+        return f"{ticket} exists."
+    if call.name == "find_tickets":
+        owned = sorted(t for t, r in tickets.items() if r["assignee"] == agent)
+        return f"Tickets assigned to {agent}: {' '.join(owned) or 'none'}."
+    record = tickets[ticket]
+    if call.name == "assign":
+        if record["status"] == "closed":
+            return f"{ticket} is closed: it cannot be assigned."
+        return f"{ticket}: assignee {record['assignee'] or 'none'} -> {agent}."
+    if args["status"] == "closed" and record["assignee"] is None:
+        return f"{ticket} has no assignee: it cannot be closed."
+    return f"{ticket}: status {record['status']} -> {args['status']}."
+
+
+def _update(tickets: dict[str, dict[str, Any]], call: ToolCall) -> None:
+    """Record a successful change of ``call`` (a lookup changes nothing)."""
+    if call.name == "assign":
+        tickets[call.arguments["ticket"]]["assignee"] = call.arguments["agent"]
+    elif call.name == "set_status":
+        tickets[call.arguments["ticket"]]["status"] = call.arguments["status"]
+
+
 # --- parameter draws -------------------------------------------------------------------------------------------------
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -117,6 +118,10 @@ class Domain:
         world_context: the facts the rehearse role needs to play the world (never shown to the act role).
         answer: the final answer of a plan from the JSON text of its calls' real responses, in order, up to the
             first error.
+        working: the environment's reasoning for a call, from the world and the successful calls before it: the
+            state the call reads, the check it must pass, the arithmetic. It is recorded as the reference tool
+            message's ``reasoning``, which a thinking rehearse role (``RehearseWorld(think=True)``) learns to write
+            before the result. None records none.
     """
 
     name: str
@@ -129,6 +134,7 @@ class Domain:
     draw_world: Callable[[random.Random], Any]
     world_context: Callable[[Any], str]
     answer: Callable[[Plan, list[str]], str]
+    working: Callable[[Any, list[ToolCall], ToolCall], str] | None = None
 
     def tools(self) -> tuple[dict[str, Any], ...]:
         """The tool schemas derived from the environment class."""
@@ -233,7 +239,8 @@ def write_split_files(domain: Domain, out_dir: str | Path = PACKAGE_DIR) -> list
 
 
 def run_reference(
-    environment: EnvSpec, plan: Plan, answer: Callable[[Plan, list[str]], str]
+    environment: EnvSpec, plan: Plan, answer: Callable[[Plan, list[str]], str],
+    explain: Callable[[list[ToolCall], ToolCall], str] | None = None,
 ) -> tuple[tuple[dict[str, Any], ...], list[ToolCall], str]:
     """Run the plan's calls on the real environment until the first error.
 
@@ -241,6 +248,8 @@ def run_reference(
         environment: the task's environment.
         plan: the drawn plan.
         answer: the domain's answer from the responses (``Domain.answer``).
+        explain: the environment's working for a call given the calls before it (``Domain.working`` on the task's
+            world); recorded as each tool message's ``reasoning``. None records none.
 
     Returns:
         The reference trajectory (one assistant turn per call, its real tool response, then the answer), the calls
@@ -253,7 +262,10 @@ def run_reference(
         content, ok = env.execute(call)
         tool_call = {"type": "function", "function": {"name": call.name, "arguments": call.arguments}}
         messages.append({"role": "assistant", "content": "", "tool_calls": [tool_call]})
-        messages.append({"role": "tool", "name": call.name, "content": content})
+        response = {"role": "tool", "name": call.name, "content": content}
+        if explain is not None:
+            response["reasoning"] = explain(list(calls), call)
+        messages.append(response)
         calls.append(call)
         contents.append(content)
         if not ok:
@@ -322,7 +334,8 @@ def _bucket(key: str) -> int:
 
 def _make_task(domain: Domain, task_id: str, world: Any, plan: Plan, tools: tuple[dict[str, Any], ...]) -> Task:
     environment = EnvSpec(class_path=domain.class_path, init_args=dataclasses.asdict(world))
-    reference, calls, answer = run_reference(environment, plan, domain.answer)
+    explain = None if domain.working is None else functools.partial(domain.working, world)
+    reference, calls, answer = run_reference(environment, plan, domain.answer, explain)
     _check_outcome(task_id, plan, answer)
     return Task(
         id=task_id,

@@ -37,6 +37,7 @@ from envace.builtin.templates import (
     Plan,
     World,
     answer_from_responses,
+    working,
 )
 from envace.types import EnvSpec, Task, ToolCall
 
@@ -94,6 +95,7 @@ BANK = generator.Domain(
     draw_world=draw_world,
     world_context=world_context,
     answer=answer_from_responses,
+    working=working,
 )
 """The bank domain, as ``envace.builtin.generator`` generates it."""
 
@@ -153,10 +155,12 @@ def run_reference(environment: EnvSpec, plan: Plan) -> tuple[tuple[dict[str, Any
     """Run the plan's calls on the real bank until the first error.
 
     Returns:
-        The reference trajectory (one assistant turn per call, its real tool response, then the answer), the calls
-        made, and the final answer.
+        The reference trajectory (one assistant turn per call, its real tool response with the bank's working as
+        ``reasoning``, then the answer), the calls made, and the final answer.
     """
-    return generator.run_reference(environment, plan, answer_from_responses)
+    world = World(**environment.init_args)
+    return generator.run_reference(environment, plan, answer_from_responses,
+                                   lambda done, call: working(world, done, call))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -169,6 +169,70 @@ def answer_from_responses(plan: Plan, contents: list[str]) -> str:
     return " ".join(str(value["balance"]) for value in reported)
 
 
+# --- the environment's working ---------------------------------------------------------------------------------------
+
+
+def working(world: World, done: list[ToolCall], call: ToolCall) -> str:
+    """The bank's reasoning for ``call`` after the successful calls ``done``: the balances it reads, the check, the sum.
+
+    Each account's current balance is written as its initial balance with every earlier change
+    (``B2 has 40 + 60 = 100``), so that a rehearse role that learns to write it first has the history in front of
+    it; a debit shows the requested amount with the fee and the comparison with the balance. Examples::
+
+        A1 has 120. Requested 40 + fee 5 = 45. 45 <= 120, so 120 - 45 = 75.
+        B2 has 40 + 60 = 100.
+        C3 has 150. Requested 160 + fee 0 = 160. 160 > 150: insufficient funds.
+        X9 is not an account.
+    """
+    history = {account: [balance] for account, balance in world.balances.items()}
+    for earlier in done:
+        _apply(history, earlier, world.fee)
+    args = call.arguments
+    if call.name == "get_balance":
+        return _known(history, args["account"]) or f"{_has(history, args['account'])}."
+    if call.name == "deposit":
+        account, amount = args["account"], args["amount"]
+        if (missing := _known(history, account)) is not None:
+            return missing
+        balance = sum(history[account])
+        return f"{_has(history, account)}. {balance} + {amount} = {balance + amount}."
+    source = args["account"] if call.name == "withdraw" else args["source"]
+    if call.name == "transfer" and (missing := _known(history, args["target"])) is not None:
+        return missing  # the bank looks the target up first
+    if (missing := _known(history, source)) is not None:
+        return missing
+    balance, requested = sum(history[source]), args["amount"] + world.fee
+    head = f"{_has(history, source)}. Requested {args['amount']} + fee {world.fee} = {requested}."
+    if requested > balance:
+        return f"{head} {requested} > {balance}: insufficient funds."
+    return f"{head} {requested} <= {balance}, so {balance} - {requested} = {balance - requested}."
+
+
+def _known(history: dict[str, list[int]], account: str) -> str | None:
+    return None if account in history else f"{account} is not an account."
+
+
+def _has(history: dict[str, list[int]], account: str) -> str:
+    """``A1 has 120``, or with earlier changes ``A1 has 120 + 60 - 65 = 115``."""
+    initial, *changes = history[account]
+    if not changes:
+        return f"{account} has {initial}"
+    terms = " ".join(f"+ {c}" if c >= 0 else f"- {-c}" for c in changes)
+    return f"{account} has {initial} {terms} = {sum(history[account])}"
+
+
+def _apply(history: dict[str, list[int]], call: ToolCall, fee: int) -> None:
+    """Record a successful state change of ``call`` (a lookup changes nothing)."""
+    args = call.arguments
+    if call.name == "deposit":
+        history[args["account"]].append(args["amount"])
+    elif call.name == "withdraw":
+        history[args["account"]].append(-(args["amount"] + fee))
+    elif call.name == "transfer":
+        history[args["source"]].append(-(args["amount"] + fee))
+        history[args["target"]].append(args["amount"])
+
+
 # --- parameter draws -------------------------------------------------------------------------------------------------
 
 

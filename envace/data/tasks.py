@@ -322,6 +322,8 @@ def _check_reference(reference: tuple[dict[str, Any], ...], task: Task) -> None:
             if message.get("name", name) != name:
                 raise _FieldError(f"reference[{i}].name", f"expected '{name}' (the call it answers)")
             _check_response_json(message["content"], f"reference[{i}].content")
+            if not isinstance(message.get("reasoning", ""), str):
+                raise _FieldError(f"reference[{i}].reasoning", "must be a string (the environment's working)")
             continue
         if pending:
             raise _FieldError(pending[0][1], "tool call has no tool response in the reference")
@@ -684,6 +686,11 @@ def reference_steps(task: Task) -> list[tuple[ToolCall, str, list[dict[str, Any]
             steps.append((pending.pop(0), message["content"], before_call))
         history.append(dict(message))
     return steps
+
+
+def reference_reasoning(task: Task) -> list[str]:
+    """The recorded working of each reference call's response (a tool message's ``reasoning``; "" when none)."""
+    return [m.get("reasoning", "") for m in task.reference if m["role"] == "tool"]
 
 
 def _call(tool_call: dict[str, Any]) -> ToolCall:

@@ -18,14 +18,26 @@ RESULT_OPEN = "<execution_result>"
 RESULT_CLOSE = "</execution_result>"
 
 
-def default_system_prompt() -> str:
-    """The packaged rehearse-role system instruction."""
-    return files("envace.prompts").joinpath("rehearse_system.txt").read_text(encoding="utf-8").strip()
+THINK_RULE = ("- Before the result, work it out briefly between <think> and </think>: the state the call reads, the "
+              "check it must pass, the arithmetic.")
+"""The rule a thinking rehearse role is given (``RehearseWorld(think=True)``), appended to the system prompt."""
 
 
-def format_result(content: str) -> str:
-    """The output contract: what a correct rehearsal of ``content`` (JSON text) looks like."""
-    return f"{RESULT_OPEN}\n{content}\n{RESULT_CLOSE}"
+def default_system_prompt(think: bool = False) -> str:
+    """The packaged rehearse-role system instruction; with ``think``, plus the rule to reason first."""
+    text = files("envace.prompts").joinpath("rehearse_system.txt").read_text(encoding="utf-8").strip()
+    return f"{text}\n{THINK_RULE}" if think else text
+
+
+def format_result(content: str, reasoning: str = "") -> str:
+    """The output contract: what a correct rehearsal of ``content`` (JSON text) looks like.
+
+    Args:
+        content: the response's JSON text.
+        reasoning: the environment's working before it (``<think>`` block first; empty: none).
+    """
+    result = f"{RESULT_OPEN}\n{content}\n{RESULT_CLOSE}"
+    return f"<think>\n{reasoning}\n</think>\n{result}" if reasoning else result
 
 
 def serialize_history(messages: list[dict[str, Any]], *, show_reasoning: bool = False) -> str:

@@ -29,6 +29,9 @@ class RehearseWorld:
             off by default because it lets the two roles collude).
         max_prompt_tokens: cap on a rehearse prompt; the oldest history messages are dropped to fit.
         all_tools: show every tool's schema in the rehearse prompt, not only the called tool's.
+        think: the rehearse role reasons before it answers: its system prompt asks for a short ``<think>`` block
+            first, and its alignment and SFT rows train the reference's working (a recorded tool message's
+            ``reasoning``; docs/task-format.md) before the result. The reasoning is never shown to the act role.
     """
 
     trained = True
@@ -44,11 +47,13 @@ class RehearseWorld:
         show_act_reasoning: bool = False,
         max_prompt_tokens: int = 4096,
         all_tools: bool = False,
+        think: bool = False,
     ) -> None:
         self.system_prompt = system_prompt
         self.show_act_reasoning = show_act_reasoning
         self.max_prompt_tokens = max_prompt_tokens
         self.all_tools = all_tools
+        self.think = think
         self.tokenizer: PreTrainedTokenizerBase | None = None
 
     def begin_rollout(self, step: int) -> None:
@@ -71,7 +76,7 @@ class RehearseWorld:
     def prompt(self, req: ToolRequest) -> TokenStream:
         """The rehearse prompt stream of one call, dropping the oldest history to fit ``max_prompt_tokens``."""
         assert self.tokenizer is not None, "RehearseWorld.bind was not called"
-        system = self.system_prompt or default_system_prompt()
+        system = self.system_prompt or default_system_prompt(self.think)
         history = list(req.history)
         while True:
             messages = build_rehearse_messages(
@@ -115,5 +120,6 @@ def alignment_prompter(world: World) -> RehearseWorld:
     """
     world = getattr(world, "rehearse", world)
     if isinstance(world, RehearseWorld):
-        return RehearseWorld(world.system_prompt, world.show_act_reasoning, world.max_prompt_tokens, world.all_tools)
+        return RehearseWorld(world.system_prompt, world.show_act_reasoning, world.max_prompt_tokens, world.all_tools,
+                             world.think)
     return RehearseWorld()

@@ -137,3 +137,34 @@ def test_demonstration_rows_render_each_task_once_and_follow_batch_positions(tin
     assert b[0].token_ids == a[1].token_ids and all(r.align and r.role == Role.ACT for r in a + b)
     assert any(b[0].loss_mask) and not all(b[0].loss_mask)  # assistant tokens only
     assert DemonstrationRows(tiny_tokenizer).rows([first])[0].align is False
+
+
+def test_a_thinking_rehearse_role_trains_the_recorded_working_first(tiny_tokenizer) -> None:
+    from envace.roles.parsing import parse_execution_result
+    from envace.roles.rehearse import THINK_RULE
+
+    task = bank()["bank-train-0002-transfer_target"]
+    thinking = RehearseWorld(think=True)
+    thinking.bind(tiny_tokenizer, nn.Identity())
+    rows = AlignmentRows(tiny_tokenizer, thinking, max_per_task=8).rows([task])
+    workings = ["B7 has 170. Requested 120 + fee 5 = 125. 125 <= 170, so 170 - 125 = 45.", "F6 has 170 + 120 = 290."]
+    for row, (call, content, history), working in zip(rows, reference_steps(task), workings, strict=True):
+        prompt = thinking.prompt(ToolRequest(task, call, history, None, 0, 0))
+        assert THINK_RULE in tiny_tokenizer.decode(prompt.ids)
+        target = tiny_tokenizer.decode(row.token_ids[len(prompt.ids):], skip_special_tokens=False)
+        assert target == f"<think>\n{working}\n</think>\n<execution_result>\n{content}\n</execution_result><|im_end|>"
+        assert parse_execution_result(target.removesuffix("<|im_end|>")).content == content  # the result alone
+    plain = RehearseWorld()
+    plain.bind(tiny_tokenizer, nn.Identity())
+    assert THINK_RULE not in tiny_tokenizer.decode(plain.prompt(ToolRequest(task, TRANSFER, [], None, 0, 0)).ids)
+    (first, _) = AlignmentRows(tiny_tokenizer, plain, max_per_task=8).rows([task])
+    assert "<think>" not in tiny_tokenizer.decode(first.token_ids)  # not thinking: the result alone, as before
+
+
+def test_long_responses_count_the_working_only_when_thinking(tiny_tokenizer) -> None:
+    from envace.alignment import long_responses
+
+    task = bank()["bank-train-0002-transfer_target"]
+    _, total, plain = long_responses([task], tiny_tokenizer, 1000)
+    _, _, thinking = long_responses([task], tiny_tokenizer, 1000, think=True)
+    assert total == 2 and thinking > plain

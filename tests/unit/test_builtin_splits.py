@@ -182,7 +182,7 @@ def test_packaged_files_equal_the_generator(tmp_path: Path) -> None:
         packaged = resolve_task_path(name)
         assert (tmp_path / packaged.name).read_bytes() == packaged.read_bytes(), f"{packaged.name} is stale"
         assert load_tasks(packaged) == generate_split(split)  # tools derived from the class equal the generated ones
-    assert resolve_task_path("builtin:bank").stat().st_size < 300_000
+    assert resolve_task_path("builtin:bank").stat().st_size < 350_000
 
 
 def test_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -418,3 +418,28 @@ def test_amounts_and_balances_are_multiples_of_ten() -> None:
         assert task.environment.init_args["fee"] in (0, 5)
         for call in task.success.calls:
             assert call.arguments.get("amount", 10) % 10 == 0
+
+
+@pytest.mark.parametrize(
+    ("done", "call", "expected"),
+    [
+        ([], withdraw("A1", 40), "A1 has 100. Requested 40 + fee 2 = 42. 42 <= 100, so 100 - 42 = 58."),
+        ([], withdraw("B2", 20), "B2 has 20. Requested 20 + fee 2 = 22. 22 > 20: insufficient funds."),
+        ([transfer("A1", "B2", 30)], get_balance("B2"), "B2 has 20 + 30 = 50."),
+        ([transfer("A1", "B2", 30), deposit("A1", 5)], get_balance("A1"), "A1 has 100 - 32 + 5 = 73."),
+        ([], deposit("B2", 7), "B2 has 20. 20 + 7 = 27."),
+        ([], transfer("A1", "C3", 5), "C3 is not an account."),  # the bank looks the target up first
+        ([], get_balance("C3"), "C3 is not an account."),
+    ],
+)
+def test_the_banks_working_on_hand_computed_states(done: list[ToolCall], call: ToolCall, expected: str) -> None:
+    from envace.builtin.templates import working
+
+    assert working(World({"A1": 100, "B2": 20}, fee=2), done, call) == expected
+
+
+def test_every_reference_response_records_the_banks_working(splits: dict[str, list[Task]]) -> None:
+    for task in all_tasks(splits):
+        tools = [m for m in task.reference if m["role"] == "tool"]
+        assert all(m["reasoning"].endswith(".") for m in tools), task.id
+        assert all(("insufficient funds" in m["reasoning"]) == ("insufficient funds" in m["content"]) for m in tools)

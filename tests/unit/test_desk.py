@@ -280,3 +280,23 @@ def test_agents_and_tickets_of_a_world_come_from_the_pools(splits: dict[str, lis
         args = task.environment.init_args
         assert set(args["agents"]) <= set(AGENTS) and 3 <= len(args["agents"]) <= 4
         assert set(args["tickets"]) <= set(TICKET_IDS) and list(args["tickets"]) == sorted(args["tickets"])
+
+
+@pytest.mark.parametrize(
+    ("done", "call", "expected"),
+    [
+        ([], get_ticket("T105"), "T105 exists."),
+        ([], get_ticket("T999"), "T999 is not a ticket."),
+        ([], assign("T230", "ana"), "T230 is closed: it cannot be assigned."),
+        ([], set_status("T318", "closed"), "T318 has no assignee: it cannot be closed."),
+        ([assign("T318", "ana")], set_status("T318", "closed"), "T318: status pending -> closed."),
+        ([assign("T318", "ana")], find_tickets("ana"), "Tickets assigned to ana: T105 T318."),
+        ([], find_tickets("chen"), "Tickets assigned to chen: none."),
+        ([], assign("T105", "zoe"), "zoe is not on the desk."),
+        ([], assign("T318", "ben"), "T318: assignee none -> ben."),
+    ],
+)
+def test_the_desks_working_on_hand_written_states(done: list[ToolCall], call: ToolCall, expected: str) -> None:
+    from envace.builtin.desk_templates import working
+
+    assert working(World(TICKETS, ["ana", "ben", "chen"]), done, call) == expected

@@ -269,3 +269,15 @@ def test_tool_unlocks_name_tools_of_the_task(tmp_path: Path) -> None:
     assert "field 'tool_unlocks[0][0]': 'nope' is not one of the task's tools" in load_error(tmp_path, [bad])
     long = make_record(user_turns=turns, tool_unlocks=[[], []])
     assert "field 'tool_unlocks': must be a list of at most 1" in load_error(tmp_path, [long])
+
+
+def test_a_recorded_working_is_kept_and_must_be_text(tmp_path: Path) -> None:
+    from envace.data.tasks import reference_reasoning
+
+    record = make_record()
+    record["reference"][1]["reasoning"] = "A1 has 120."
+    (task,) = load_tasks(write_lines(tmp_path, [json.dumps(record)]))
+    assert reference_reasoning(task) == ["A1 has 120."]
+    assert reference_reasoning(load_tasks(write_lines(tmp_path, [json.dumps(make_record())]))[0]) == [""]
+    record["reference"][1]["reasoning"] = 5
+    assert "tasks.jsonl:1: field 'reference[1].reasoning': must be a string" in load_error(tmp_path, [record])
