@@ -599,7 +599,7 @@ REGISTRY: dict[str, Entry] = {
         check=make_tasks_reproduces_the_packaged_files,
         why="as shown it rewrites the package's own files; the test writes them to a folder and compares"),
     "python -m envace.builtin.desk_tasks": run(
-        "bench", "--out-dir", "builtin", setup=lambda ws, words: (ws / "builtin").mkdir(),
+        "bench", "--out-dir", "builtin", setup=lambda ws, words: (ws / "builtin").mkdir(exist_ok=True),
         check=desk_tasks_reproduce_the_packaged_files,
         why="as shown it rewrites the package's own files; the test writes them to a folder and compares"),
     "python -m envace.benchmarks.bfcl --export OUT.jsonl": run("bench", check=nonempty_jsonl("OUT.jsonl")),
