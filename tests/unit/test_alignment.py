@@ -168,3 +168,9 @@ def test_long_responses_count_the_working_only_when_thinking(tiny_tokenizer) -> 
     _, total, plain = long_responses([task], tiny_tokenizer, 1000)
     _, _, thinking = long_responses([task], tiny_tokenizer, 1000, think=True)
     assert total == 2 and thinking > plain
+
+
+def test_the_alignment_prompter_keeps_thinking() -> None:
+    from envace.worlds.rehearse import alignment_prompter
+
+    assert alignment_prompter(RehearseWorld(think=True)).think and not alignment_prompter(RehearseWorld()).think
