@@ -5,7 +5,8 @@ and assignees), its responses are records looked up and updated rather than sums
 rather than numbers. This module owns its generation settings: how a hidden world is drawn (3 to 5 tickets with
 distinct titles, 3 or 4 agents on the desk), what the act role is told (``SYSTEM_PROMPT``) and the rehearse role
 knows (``world_context``), and the four splits. ``envace.builtin.generator`` generates the tasks exactly as it does
-the bank's (real responses, hash-partitioned train/val/test, held-out templates; docs/builtin-domain.md).
+the bank's (real responses, hash-partitioned train/val/test, held-out templates; docs/builtin-domain.md): call
+``generator.generate_split(DESK, "test")`` and friends with ``DESK``.
 
 Usage: ``python -m envace.builtin.desk_tasks`` rewrites the four packaged files;
 ``python -m envace.builtin.desk_tasks --n 100 --seed 7 --templates status,find --out my_tasks.jsonl`` writes a
@@ -16,10 +17,8 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Sequence
-from pathlib import Path
 
-from envace.builtin import TASK_SETS, generator
+from envace.builtin import generator
 from envace.builtin.desk import HelpDesk
 from envace.builtin.desk_templates import (
     AGENTS,
@@ -32,8 +31,7 @@ from envace.builtin.desk_templates import (
     answer_from_responses,
     working,
 )
-from envace.builtin.generator import PACKAGE_DIR, Split
-from envace.types import Task
+from envace.builtin.generator import Split, standard_splits
 
 DESK_CLASS_PATH = "envace.builtin.desk.HelpDesk"
 STATUS_WEIGHTS = ("open", "open", "pending", "closed")  # a ticket's status is drawn from these
@@ -47,12 +45,7 @@ SYSTEM_PROMPT = (
 )
 """The act role's system prompt: how to call and the answer formats."""
 
-SPLITS: dict[str, Split] = {
-    "train": Split("train", 11, 200, TRAIN_TEMPLATES, 0, TASK_SETS["desk"]),
-    "val": Split("val", 12, 128, TRAIN_TEMPLATES, 1, TASK_SETS["desk-val"]),
-    "test": Split("test", 13, 256, TRAIN_TEMPLATES, 2, TASK_SETS["desk-test"]),
-    "heldout": Split("heldout", 14, 128, HELD_OUT_TEMPLATES, None, TASK_SETS["desk-heldout"]),
-}
+SPLITS: dict[str, Split] = standard_splits("desk", 11, (200, 128, 256, 128), TRAIN_TEMPLATES, HELD_OUT_TEMPLATES)
 """The packaged splits by name (the training split holds 20 tasks of each of the 10 training templates)."""
 
 
@@ -97,31 +90,6 @@ DESK = generator.Domain(
     working=working,
 )
 """The help desk domain, as ``envace.builtin.generator`` generates it."""
-
-
-def generate_tasks(n: int, seed: int, templates: Sequence[str] | None = None) -> list[Task]:
-    """Generate ``n`` desk tasks, rotating through ``templates``; ids are ``desk-s<seed>-<index>-<template>``."""
-    return generator.generate_tasks(DESK, n, seed, templates)
-
-
-def generate_split(name: str, n: int | None = None) -> list[Task]:
-    """Generate a split: ``train``, ``val`` or ``test`` (training templates) or ``heldout`` (held-out templates)."""
-    return generator.generate_split(DESK, name, n)
-
-
-def template_of(task: Task) -> str:
-    """The template name of a generated desk task (the last part of its id)."""
-    return generator.template_of(DESK, task)
-
-
-def task_key(task: Task) -> str:
-    """The identity of a generated task's content: its template, world and request (not its id)."""
-    return generator.task_key(DESK, task)
-
-
-def write_split_files(out_dir: str | Path = PACKAGE_DIR) -> list[Path]:
-    """Write every split's file into ``out_dir`` (default: the package); returns the paths written."""
-    return generator.write_split_files(DESK, out_dir)
 
 
 def main(argv: list[str] | None = None) -> None:

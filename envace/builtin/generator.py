@@ -102,6 +102,26 @@ class Split:
     file: str
 
 
+def standard_splits(name: str, first_seed: int, sizes: tuple[int, int, int, int], train: tuple[str, ...],
+                    held_out: tuple[str, ...]) -> dict[str, Split]:
+    """A domain's four splits: train, val, test (training templates) and heldout (held-out templates).
+
+    Train, val and test own hash buckets 0, 1 and 2; the seeds run from ``first_seed`` to ``first_seed + 3``; the
+    files are ``<name>_tasks.jsonl``, ``<name>_val.jsonl``, ``<name>_test.jsonl`` and ``<name>_heldout.jsonl``.
+
+    Args:
+        name: the domain's name.
+        first_seed: the train split's seed.
+        sizes: the packaged sizes of train, val, test and heldout.
+        train: the training templates.
+        held_out: the held-out templates.
+    """
+    files = (f"{name}_tasks.jsonl", f"{name}_val.jsonl", f"{name}_test.jsonl", f"{name}_heldout.jsonl")
+    specs = zip(("train", "val", "test", "heldout"), sizes, files, (train, train, train, held_out), (0, 1, 2, None))
+    return {split: Split(split, first_seed + i, size, templates, bucket, file)
+            for i, (split, size, file, templates, bucket) in enumerate(specs)}
+
+
 @dataclass(frozen=True)
 class Domain:
     """A built-in tool domain: everything generation needs to know about it.

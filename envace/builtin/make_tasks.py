@@ -25,9 +25,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from envace.builtin import TASK_SETS, generator
+from envace.builtin import generator
 from envace.builtin.bank import Bank
-from envace.builtin.generator import BUCKETS, MAX_DRAWS, MAX_TASKS, PACKAGE_DIR, Split
+from envace.builtin.generator import BUCKETS, MAX_DRAWS, MAX_TASKS, PACKAGE_DIR, Split, standard_splits
 from envace.builtin.templates import (
     ACCOUNTS,
     HELD_OUT_TEMPLATES,
@@ -57,12 +57,7 @@ SYSTEM_PROMPT = (
 )
 """The act role's system prompt: how to call, when to look balances up, and the answer formats."""
 
-SPLITS: dict[str, Split] = {
-    "train": Split("train", 1, 160, TRAIN_TEMPLATES, 0, TASK_SETS["bank"]),
-    "val": Split("val", 2, 128, TRAIN_TEMPLATES, 1, TASK_SETS["bank-val"]),
-    "test": Split("test", 3, 256, TRAIN_TEMPLATES, 2, TASK_SETS["bank-test"]),
-    "heldout": Split("heldout", 4, 128, HELD_OUT_TEMPLATES, None, TASK_SETS["bank-heldout"]),
-}
+SPLITS: dict[str, Split] = standard_splits("bank", 1, (160, 128, 256, 128), TRAIN_TEMPLATES, HELD_OUT_TEMPLATES)
 """The packaged splits by name."""
 
 

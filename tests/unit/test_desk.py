@@ -13,7 +13,7 @@ from helpers import ScriptedEngine
 from envace.builtin import TASK_SETS, domain_of
 from envace.builtin.desk import HelpDesk
 from envace.builtin.desk_oracle import OracleError, oracle_plan, oracle_turns, parse_request
-from envace.builtin.desk_tasks import DESK, SPLITS, SYSTEM_PROMPT, generate_split, main, task_key, template_of
+from envace.builtin.desk_tasks import DESK, SPLITS, SYSTEM_PROMPT, main
 from envace.builtin.desk_templates import (
     AGENTS,
     HELD_OUT_TEMPLATES,
@@ -28,7 +28,10 @@ from envace.builtin.desk_templates import (
     get_ticket,
     set_status,
 )
+from envace.builtin.generator import generate_split as _generate_split
 from envace.builtin.generator import generate_tasks, render_tasks, run_reference, write_split_files
+from envace.builtin.generator import task_key as _task_key
+from envace.builtin.generator import template_of as _template_of
 from envace.builtin.oracle import call_text
 from envace.data.tasks import load_tasks, reference_calls
 from envace.envs.real import RealEnvironment, tool_schemas_from_class
@@ -51,6 +54,18 @@ TICKETS = {
 @pytest.fixture(scope="module")
 def splits() -> dict[str, list[Task]]:
     return {split: load_task_set(name) for split, name in NAMES.items()}
+
+
+def generate_split(name: str, n: int | None = None) -> list[Task]:
+    return _generate_split(DESK, name, n)
+
+
+def template_of(task: Task) -> str:
+    return _template_of(DESK, task)
+
+
+def task_key(task: Task) -> str:
+    return _task_key(DESK, task)
 
 
 def all_tasks(splits: dict[str, list[Task]]) -> list[Task]:
