@@ -233,3 +233,24 @@ def make_row(index: int = 7, tools_as_string: bool = True) -> dict[str, Any]:
             ]]},
         },
     }
+
+
+def run_oracle(tokenizer: PreTrainedTokenizerBase, tasks: list[Any], turns: list[list[str]]) -> list[Any]:
+    """Run the oracle's act turns of ``tasks`` through ``EpisodeRunner`` against the real tools; the episodes.
+
+    All episodes run together, so the act engine's script interleaves them: step k asks every episode still running,
+    in order. Every scripted turn must be used.
+    """
+    from envace.rollout.runner import EpisodeRunner, RolloutConfig
+    from envace.worlds import RealWorld
+
+    script = [t[k] for k in range(max(map(len, turns))) for t in turns if len(t) > k]
+    act = ScriptedEngine(tokenizer, script)
+    world = RealWorld()
+    world.bind(tokenizer, model=None)
+    config = RolloutConfig(max_turns=5, max_tool_calls=4, act_max_new_tokens=64, max_context_tokens=8192)
+    episodes = EpisodeRunner(tokenizer, config).run(
+        tasks, list(range(len(tasks))), act, world, world_engine=ScriptedEngine(tokenizer, [])
+    )
+    assert act.remaining == 0
+    return episodes

@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from helpers import ScriptedEngine
+from helpers import run_oracle
 
 from envace.builtin import TASK_SETS
 from envace.builtin.make_tasks import (
@@ -42,10 +42,8 @@ from envace.builtin.templates import (
 from envace.data.tasks import TaskFormatError, load_tasks, reference_calls
 from envace.envs.real import RealEnvironment
 from envace.rewards.task_success import TaskSuccess, task_score
-from envace.rollout.runner import EpisodeRunner, RolloutConfig
 from envace.task_sets import load_task_set, resolve_task_path
 from envace.types import EnvSpec, ExpectedAnswer, SuccessSpec, Task, ToolCall
-from envace.worlds import RealWorld
 
 NAMES = {
     "train": "builtin:bank",
@@ -365,23 +363,10 @@ def test_oracle_agrees_with_every_success_spec(splits: dict[str, list[Task]]) ->
         assert answer == task.success.answer.equals
 
 
-def interleaved_script(turns: list[list[str]]) -> list[str]:
-    """The act engine's script when all episodes run together: step k asks every episode still running, in order."""
-    return [t[k] for k in range(max(map(len, turns))) for t in turns if len(t) > k]
-
-
 @pytest.mark.parametrize("split", list(NAMES))
 def test_oracle_solves_every_task_in_the_real_environment(split: str, splits, tiny_tokenizer) -> None:
     tasks = splits[split]
-    turns = [oracle_turns(task) for task in tasks]
-    act = ScriptedEngine(tiny_tokenizer, interleaved_script(turns))
-    world = RealWorld()
-    world.bind(tiny_tokenizer, model=None)
-    config = RolloutConfig(max_turns=5, max_tool_calls=4, act_max_new_tokens=64, max_context_tokens=8192)
-    episodes = EpisodeRunner(tiny_tokenizer, config).run(
-        tasks, list(range(len(tasks))), act, world, world_engine=ScriptedEngine(tiny_tokenizer, [])
-    )
-    assert act.remaining == 0
+    episodes = run_oracle(tiny_tokenizer, tasks, [oracle_turns(task) for task in tasks])
     reward = TaskSuccess()
     assert [reward(ep) for ep in episodes] == [1.0] * len(tasks)  # 100% of the tasks
     for ep, task in zip(episodes, tasks):

@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from helpers import ScriptedEngine
+from helpers import run_oracle
 
 from envace.builtin import TASK_SETS, domain_of
 from envace.builtin.desk import HelpDesk
@@ -36,10 +36,8 @@ from envace.builtin.oracle import call_text
 from envace.data.tasks import load_tasks, reference_calls
 from envace.envs.real import RealEnvironment, tool_schemas_from_class
 from envace.rewards.task_success import TaskSuccess, task_score
-from envace.rollout.runner import EpisodeRunner, RolloutConfig
 from envace.task_sets import load_task_set, resolve_task_path
 from envace.types import EnvSpec, ExpectedAnswer, SuccessSpec, Task, ToolCall
-from envace.worlds import RealWorld
 
 NAMES = {"train": "builtin:desk", "val": "builtin:desk-val", "test": "builtin:desk-test",
          "heldout": "builtin:desk-heldout"}  # fmt: skip
@@ -275,16 +273,7 @@ def test_desk_oracle_agrees_with_every_success_spec(splits: dict[str, list[Task]
 @pytest.mark.parametrize("split", ["test", "heldout"])
 def test_desk_oracle_solves_every_task_in_the_real_environment(split: str, splits, tiny_tokenizer) -> None:
     tasks = splits[split]
-    turns = [oracle_turns(task) for task in tasks]
-    script = [t[k] for k in range(max(map(len, turns))) for t in turns if len(t) > k]
-    act = ScriptedEngine(tiny_tokenizer, script)
-    world = RealWorld()
-    world.bind(tiny_tokenizer, model=None)
-    config = RolloutConfig(max_turns=5, max_tool_calls=4, act_max_new_tokens=64, max_context_tokens=8192)
-    episodes = EpisodeRunner(tiny_tokenizer, config).run(
-        tasks, list(range(len(tasks))), act, world, world_engine=ScriptedEngine(tiny_tokenizer, [])
-    )
-    assert act.remaining == 0
+    episodes = run_oracle(tiny_tokenizer, tasks, [oracle_turns(task) for task in tasks])
     assert [TaskSuccess()(ep) for ep in episodes] == [1.0] * len(tasks)
     for ep, task in zip(episodes, tasks):
         assert [m["content"] for m in ep.messages if m["role"] == "tool"] == [c for _, c in reference_calls(task)]
