@@ -1,1 +1,5 @@
-"""Optional Lightning callbacks for envace runs: decoded episodes in TensorBoard, stopping at a plateau."""
+"""Optional Lightning callbacks for envace runs.
+
+Decoded episodes in TensorBoard, every evaluated episode as JSON Lines, benchmark evaluation, rehearsal-budget
+ablations, stopping at a plateau.
+"""

@@ -16,6 +16,8 @@ responses. This module turns a domain into tasks the same way for every domain:
   generator bug and raises.
 - **Success specification.** Every call of the plan with all its arguments, in order, no extra call, the exact
   answer.
+- **Labels.** Each task's ``metadata`` is ``{"template": NAME}``: ``envace test --model.test_group_by=template``
+  reports success per template.
 """
 
 from __future__ import annotations
@@ -324,7 +326,7 @@ def _generate(domain: Domain, n: int, seed: int, templates: tuple[str, ...], pre
     for i in range(n):
         template = domain.templates[templates[i % len(templates)]]
         world, plan = _draw(domain, random.Random(seed * MAX_TASKS + i), template, bucket, seen)
-        tasks.append(_make_task(domain, f"{prefix}-{i:04d}-{template.name}", world, plan, tools))
+        tasks.append(_make_task(domain, f"{prefix}-{i:04d}-{template.name}", template.name, world, plan, tools))
     return tasks
 
 
@@ -352,7 +354,9 @@ def _bucket(key: str) -> int:
     return int(hashlib.sha256(key.encode("utf-8")).hexdigest(), 16) % BUCKETS
 
 
-def _make_task(domain: Domain, task_id: str, world: Any, plan: Plan, tools: tuple[dict[str, Any], ...]) -> Task:
+def _make_task(
+    domain: Domain, task_id: str, template: str, world: Any, plan: Plan, tools: tuple[dict[str, Any], ...]
+) -> Task:
     environment = EnvSpec(class_path=domain.class_path, init_args=dataclasses.asdict(world))
     explain = None if domain.working is None else functools.partial(domain.working, world)
     reference, calls, answer = run_reference(environment, plan, domain.answer, explain)
@@ -370,6 +374,7 @@ def _make_task(domain: Domain, task_id: str, world: Any, plan: Plan, tools: tupl
         reference=reference,
         world_context=domain.world_context(world),
         environment=environment,
+        metadata={"template": template},  # envace test --model.init_args.test_group_by=template: success per template
     )
 
 

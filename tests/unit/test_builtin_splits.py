@@ -90,6 +90,7 @@ def test_split_sizes_and_templates(splits: dict[str, list[Task]]) -> None:
     for split, tasks in splits.items():
         expected = HELD_OUT_TEMPLATES if split == "heldout" else TRAIN_TEMPLATES
         assert [template_of(t) for t in tasks] == [expected[i % len(expected)] for i in range(len(tasks))]
+        assert [t.metadata for t in tasks] == [{"template": template_of(t)} for t in tasks]  # test_group_by=template
         assert all(t.id.startswith(f"bank-{split}-") for t in tasks)
     # 160 = 7 * 22 + 6: the first six templates get 23 tasks, unknown_account 22
     assert Counter(template_of(t) for t in splits["train"])["unknown_account"] == 22

@@ -130,6 +130,7 @@ def test_desk_split_sizes_and_templates(splits: dict[str, list[Task]]) -> None:
     for split, tasks in splits.items():
         expected = HELD_OUT_TEMPLATES if split == "heldout" else TRAIN_TEMPLATES
         assert [template_of(t) for t in tasks] == [expected[i % len(expected)] for i in range(len(tasks))]
+        assert [t.metadata for t in tasks] == [{"template": template_of(t)} for t in tasks]
         assert all(t.id.startswith(f"desk-{split}-") for t in tasks)
     assert set(Counter(template_of(t) for t in splits["train"]).values()) == {20}
 
