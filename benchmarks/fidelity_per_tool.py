@@ -4,9 +4,11 @@ Every reference call of the tasks is rehearsed greedily with the real history be
 exact match of the response, leaf F1 of its JSON leaves, error agreement), and the scores are grouped by tool.
 
 Run from the repository root: ``.venv/bin/python benchmarks/fidelity_per_tool.py NAME=DIR [NAME=DIR ...]
-[--tasks builtin:bank-test] [--dtype auto|bfloat16|float32]``, where each DIR is a policy in Hugging Face format (an
-``export_dir``, or ``models/smollm2-135m-instruct``). Prints a Markdown table (one row per policy and tool, then
-all tools) and a last line ``SUMMARY <name>_exact_match=... <name>_leaf_f1=...``.
+[--tasks builtin:bank-test] [--dtype auto|bfloat16|float32] [--misses DIR]``, where each DIR is a policy in Hugging
+Face format (an ``export_dir``, or ``models/smollm2-135m-instruct``). Prints a Markdown table (one row per policy
+and tool, then all tools) and a last line ``SUMMARY <name>_exact_match=... <name>_leaf_f1=...``. ``--misses DIR``
+also writes ``DIR/<name>.jsonl``: every probe that is not an exact match, with the call, the generated text (the
+working included), the parsed response, the target and the scores.
 """
 
 from __future__ import annotations
@@ -17,22 +19,35 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import argparse  # noqa: E402
+import json  # noqa: E402
 import time  # noqa: E402
+from dataclasses import asdict  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
 
 from envace.cpu_precision import cpu_dtype  # noqa: E402
-from envace.fidelity import per_tool, reference_probes, rehearse_probes, summarize  # noqa: E402
+from envace.fidelity import (  # noqa: E402
+    Probe,
+    per_tool,
+    reference_probes,
+    rehearsal_target,
+    rehearse_replies,
+    score_reply,
+    summarize,
+)
 from envace.policy import HFPolicy  # noqa: E402
 from envace.rollout.kv_engine import CachedEngine  # noqa: E402
 from envace.task_sets import load_task_set  # noqa: E402
 from envace.worlds import RehearseWorld  # noqa: E402
+from envace.worlds.base import ToolReply  # noqa: E402
 
 
 def fidelity(policy_dir: str, tasks_spec: str, dtype: str, max_new_tokens: int,
-             chat_template: str | None, think: bool = False) -> tuple[dict[str, dict[str, float]], dict[str, float],
-                                                                     float]:
-    """Per-tool and overall fidelity of one policy, and the seconds it took."""
+             chat_template: str | None, think: bool = False, misses: Path | None = None
+             ) -> tuple[dict[str, dict[str, float]], dict[str, float], float]:
+    """Per-tool and overall fidelity of one policy, and the seconds it took; the misses go to ``misses`` (JSONL)."""
     model, tokenizer = HFPolicy(policy_dir, dtype=dtype, chat_template=chat_template).build()
     model.eval().requires_grad_(False)
     world = RehearseWorld(think=think)
@@ -41,9 +56,25 @@ def fidelity(policy_dir: str, tasks_spec: str, dtype: str, max_new_tokens: int,
     probes = reference_probes(load_task_set(tasks_spec))
     start = time.perf_counter()
     with torch.no_grad():
-        scores = rehearse_probes(probes, world, engine, max_new_tokens)
+        replies = rehearse_replies(probes, world, engine, max_new_tokens)
     seconds = time.perf_counter() - start
+    scores = [score_reply(reply, probe.real) for reply, probe in zip(replies, probes, strict=True)]
+    if misses is not None:
+        records = [miss_record(p, r, asdict(s), tokenizer) for p, r, s in zip(probes, replies, scores, strict=True)
+                   if s.exact_match < 1.0]
+        misses.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
     return per_tool(scores, [p.request.call.name for p in probes]), summarize(scores), seconds
+
+
+def miss_record(probe: Probe, reply: ToolReply, scores: dict[str, float], tokenizer: Any) -> dict[str, Any]:
+    """One missed probe: the task, the call, what the rehearse role generated and what it should have answered."""
+    generated = None
+    if reply.sample is not None:
+        row = reply.sample
+        generated = tokenizer.decode([t for t, m in zip(row.token_ids, row.loss_mask, strict=True) if m])
+    return {"task": probe.request.task.id, "tool": probe.tool, "arguments": probe.request.call.arguments,
+            "generated": generated, "response": reply.content, "target": rehearsal_target(probe.real),
+            "parse_error": reply.parse_error, "truncated": reply.truncated, **scores}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -55,6 +86,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--think", action="store_true",
                         help="the rehearse prompt of a thinking rehearse role (RehearseWorld(think=True))")
+    parser.add_argument("--misses", type=Path, default=None, metavar="DIR",
+                        help="write each policy's missed probes (not an exact match) to DIR/NAME.jsonl")
     parser.add_argument("--chat-template", default=None,
                         help="replace the tokenizers' template (e.g. chatml-tools for the untrained SmolLM2)")
     args = parser.parse_args(argv)
@@ -69,8 +102,12 @@ def main(argv: list[str] | None = None) -> None:
     print("|---|---|---|---|---|---|")
     summary = []
     for name, path in pairs:
+        misses = None
+        if args.misses is not None:
+            args.misses.mkdir(parents=True, exist_ok=True)
+            misses = args.misses / f"{name}.jsonl"
         tools, overall, seconds = fidelity(path, args.tasks, args.dtype, args.max_new_tokens, args.chat_template,
-                                           args.think)
+                                           args.think, misses)
         for tool, m in [*tools.items(), ("all", overall)]:
             print(f"| {name} | {tool} | {int(m['probes'])} | {m['exact_match']:.3f} | {m['leaf_f1']:.3f} | "
                   f"{m['error_agreement']:.3f} |")

@@ -414,9 +414,22 @@ def rehearse_probes(probes: list[Probe], world: RehearseWorld, engine: Engine, m
         engine: generates with the policy.
         max_new_tokens: generation budget of one rehearsal.
     """
+    replies = rehearse_replies(probes, world, engine, max_new_tokens)
+    return [score_reply(reply, probe.real) for reply, probe in zip(replies, probes, strict=True)]
+
+
+def rehearse_replies(probes: list[Probe], world: RehearseWorld, engine: Engine, max_new_tokens: int
+                     ) -> list[ToolReply]:
+    """Rehearse every probe greedily in one batched generation: the replies, in the probes' order (unscored).
+
+    Args:
+        probes: the probes.
+        world: the (bound) rehearse world that renders the prompts and parses the outputs.
+        engine: generates with the policy.
+        max_new_tokens: generation budget of one rehearsal.
+    """
     if not probes:
         return []
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
     with sessions(engine):  # a caching engine computes the probes' shared prompt prefixes once
-        replies = world.respond([probe.request for probe in probes], engine, params)
-    return [score_reply(reply, probe.real) for reply, probe in zip(replies, probes)]
+        return world.respond([probe.request for probe in probes], engine, params)

@@ -185,13 +185,18 @@ def test_vs_trl_ratio_is_the_median_over_pairs_of_trl_over_envace() -> None:
     assert vs_trl.contains_answer("it is 42.", "42") == 1.0 and vs_trl.contains_answer("4 2", "42") == 0.0
 
 
-def test_fidelity_per_tool_prints_a_row_per_tool_and_the_summary(tiny_dir: str, capsys) -> None:
+def test_fidelity_per_tool_prints_a_row_per_tool_and_the_summary(tiny_dir: str, tmp_path: Path, capsys) -> None:
     _script("fidelity_per_tool").main([f"tiny={tiny_dir}", "--tasks", "builtin:bank-test:3", "--dtype", "float32",
-                                        "--max-new-tokens", "4"])
+                                        "--max-new-tokens", "4", "--misses", str(tmp_path / "misses")])
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| tiny |")]
     tools = {line.split("|")[2].strip() for line in rows}
     assert "all" in tools and len(tools) >= 3  # at least one tool, the total and the timing row
+    (total,) = [line.split("|") for line in rows if line.split("|")[2].strip() == "all"]
+    probes, exact = int(total[3]), float(total[4])
+    misses = [json.loads(line) for line in (tmp_path / "misses" / "tiny.jsonl").read_text().splitlines()]
+    assert len(misses) == round(probes * (1 - exact)) > 0  # 4 new tokens cannot finish a response
+    assert all(m["exact_match"] < 1.0 and m["tool"] in tools and m["target"].startswith("{") for m in misses)
     summary = dict(kv.split("=") for kv in out.strip().splitlines()[-1].removeprefix("SUMMARY ").split())
     assert set(summary) == {"tiny_exact_match", "tiny_leaf_f1"} and 0.0 <= float(summary["tiny_leaf_f1"]) <= 1.0
 
