@@ -24,7 +24,8 @@ def test_the_ablation_runs_every_budget_in_both_modes_and_writes_its_files(tmp_p
     # the scripted act role calls get_balance(A1) then answers "120", attempts included: 2 committed turns per episode
     callback = json.dumps([{"class_path": "callbacks.rehearsal_budget.RehearsalBudgetAblation",
                             "init_args": {"tasks": "builtin:bank-test", "limit": 3, "budgets": [0, 1, 2],
-                                          "horizon": 1, "output_dir": str(tmp_path / "ablation")}}])
+                                          "horizon": 1, "batch_size": 2,  # chunks of 2 and 1 tasks
+                                          "output_dir": str(tmp_path / "ablation")}}])
     args = ["test", "--config", TINY, f"--trainer.default_root_dir={tmp_path}",
             f"--trainer.callbacks={callback}",
             "--trainer.limit_test_batches=1", "--data.test_tasks=builtin:bank-test:2",
@@ -53,6 +54,8 @@ def test_bad_settings_are_refused_by_name() -> None:
 
     with pytest.raises(ValueError, match="modes: 'both'"):
         RehearsalBudgetAblation(modes=["both"])
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        RehearsalBudgetAblation(batch_size=0)
     with pytest.raises(ValueError, match="budgets: at least one, each >= 0"):
         RehearsalBudgetAblation(budgets=[-1])
     with pytest.raises(ValueError, match="granularity: 'turn'"):
