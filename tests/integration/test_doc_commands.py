@@ -559,16 +559,32 @@ REGISTRY: dict[str, Entry] = {
                                  "--chat-template", "chatml-tools"]),
         "a synopsis (NAME=DIR is a policy); checked: a filled-in variant parses, and "
         "tests/unit/test_benchmark_scripts.py runs the script on the tiny policy"),
-    ".venv/bin/envace fit --config lit_configs/smollm2_sft.yaml --trainer.max_steps=80 --trainer.limit_val_batches=0 "
-    "--model.init_args.export_best=null --model.init_args.optimizer.init_args.lr=1.0e-4": parse_only(
-        "checks", config_check(), "67 minutes on 2 cores; checked: parses and instantiates without weights"),
-    ".venv/bin/python benchmarks/fidelity_per_tool.py warm=runs/smollm2_sft/policy --tasks builtin:bank-test:64":
-        parse_only("checks", script_parses(), "needs the SmolLM2 warm start (the entry above); checked: parses, and "
-                   "tests/unit/test_benchmark_scripts.py runs the script on the tiny policy"),
-    ".venv/bin/envace test --config lit_configs/smollm2_rl.yaml --model.policy.init_args.name_or_path=runs/smollm2_sft/"
-    "policy --data.test_tasks=builtin:bank-test:64 --model.init_args.eval_imagined=false "
-    "--model.init_args.eval_fidelity=false": parse_only(
-        "checks", config_check(), "needs the SmolLM2 warm start; checked: parses and instantiates without weights"),
+    # docs/results.md, the real model's section: two warm starts, fidelity per tool, success, budgets.
+    **{f".venv/bin/envace fit --config lit_configs/smollm2_sft.yaml --trainer.max_steps={steps} "
+       "--trainer.limit_val_batches=0 --model.init_args.export_best=null "
+       f"--model.init_args.optimizer.init_args.lr=1.0e-4 --data.train_tasks=builtin:{domain}:2000 "
+       f"--trainer.default_root_dir=runs/smollm2_{domain}": parse_only(
+           "checks", config_check(), f"{minutes} minutes on 2 cores; checked: parses and instantiates without weights")
+       for domain, steps, minutes in (("bank", 50, 71), ("desk", 40, 37))},
+    **{f".venv/bin/python benchmarks/fidelity_per_tool.py {domain}=runs/smollm2_{domain}/policy --tasks "
+       f"builtin:{domain}-test:64 --dtype float32 --think --max-new-tokens 128 --misses runs/misses": parse_only(
+           "checks", script_parses(), "needs the SmolLM2 warm start (the entries above); checked: parses, and "
+           "tests/unit/test_benchmark_scripts.py runs the script, --misses included, on the tiny policy")
+       for domain in ("bank", "desk")},
+    **{f".venv/bin/envace test --config lit_configs/smollm2_rl.yaml --model.policy.init_args.name_or_path=runs/"
+       f"smollm2_{domain}/policy --data.test_tasks=builtin:{domain}-test --model.eval_imagined=false "
+       "--model.eval_fidelity=false --model.test_group_by=template "
+       "--trainer.callbacks+=callbacks.episode_writer.EpisodeWriter": parse_only(
+           "checks", config_check(), "needs the SmolLM2 warm start; checked: parses and instantiates without weights "
+           "(tests/integration/test_episode_writer.py runs the callback and the grouping on the tiny config)")
+       for domain in ("bank", "desk")},
+    ".venv/bin/envace test --config lit_configs/smollm2_rl.yaml --model.policy.init_args.name_or_path=runs/"
+    "smollm2_bank/policy --data.test_tasks=builtin:bank-test:1 --model.eval_imagined=false "
+    "--model.eval_fidelity=false --trainer.callbacks+=callbacks.rehearsal_budget.RehearsalBudgetAblation "
+    "--trainer.callbacks.budgets=[0,2,4] --trainer.callbacks.modes=[parallel] "
+    "--trainer.callbacks.batch_size=16": parse_only(
+        "checks", config_check(), "needs the SmolLM2 warm start; checked: parses and instantiates without weights "
+        "(tests/integration/test_rehearsal_budget_callback.py runs the callback on the tiny config)"),
     # The smoke config, its checkpoint resumed and exported, the export evaluated.
     TINY_YAML: run("tiny", *TINY_FIT, check=expect_files("runs/tiny/**/last.ckpt")),
     "envace fit --ckpt_path=last": run(
