@@ -65,6 +65,7 @@ class Preset:
             its weights).
         fits_tokenizer: ``--domain`` also fits the policy's tokenizer to that domain (the tiny policy's BPE is
             trained in code on a domain's texts; a pretrained model has its tokenizer).
+        per_domain: ``--domain NAME``'s extra ``(SFT, RL)`` overrides, after the budget and before ``--sft``/``--rl``.
     """
 
     sft_config: str
@@ -74,11 +75,18 @@ class Preset:
     prepare: str | None = None
     seeds_weights: bool = False
     fits_tokenizer: bool = False
+    per_domain: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = field(default_factory=dict)
 
+
+TINY_DESK = (
+    ("--trainer.max_steps=3000",),      # 1000 steps reach 0.20 validation success on the desk, 3000 reach 0.39
+    ("--model.fidelity_gate=null",),    # its desk rehearsals stay near 0.07 exact match (gate 0.1): RL runs, warned
+)
+"""The tiny policy's desk budget: more warm-start steps, and RL past the fidelity gate, which the demo announces."""
 
 PRESETS = {
     "tiny": Preset("lit_configs/tiny_sft.yaml", "lit_configs/tiny_rl.yaml", DEMO_SFT, DEMO_RL, seeds_weights=True,
-                   fits_tokenizer=True),
+                   fits_tokenizer=True, per_domain={"desk": TINY_DESK}),
     "smollm2": Preset(
         "lit_configs/smollm2_sft.yaml", "lit_configs/smollm2_rl.yaml",
         ("--trainer.max_steps=80", "--trainer.limit_val_batches=0", "--model.init_args.export_best=null",
@@ -261,9 +269,14 @@ def main(argv: Sequence[str] | None = None) -> None:
 
             logger.info("demo: preparing %s in %s (once)", preset.prepare, DEFAULT_ROOT / preset.prepare)
             prepare(packaged_gguf(preset.prepare), DEFAULT_ROOT / preset.prepare)
-        return run_demo(args.out, sft_config, rl_config, [*preset.sft_overrides, *args.sft],
-                        [*preset.rl_overrides, *args.rl], args.eval_tasks, args.seed, preset.seeds_weights,
-                        args.domain, preset.fits_tokenizer)
+        sft_extra, rl_extra = preset.per_domain.get(args.domain, ((), ()))
+        if "--model.fidelity_gate=null" in rl_extra:
+            logger.warning("demo: the %s policy's %s rehearsals are below the fidelity gate; its RL stage runs "
+                           "without the gate, so read its imagined numbers with that in mind", args.model,
+                           args.domain)
+        return run_demo(args.out, sft_config, rl_config, [*preset.sft_overrides, *sft_extra, *args.sft],
+                        [*preset.rl_overrides, *rl_extra, *args.rl], args.eval_tasks, args.seed,
+                        preset.seeds_weights, args.domain, preset.fits_tokenizer)
 
     report = guarded(stages, ["--config", sft_config, "--config", rl_config, *args.sft, *args.rl])
     Path(args.out).mkdir(parents=True, exist_ok=True)

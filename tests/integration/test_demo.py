@@ -110,6 +110,30 @@ def test_the_smollm2_preset_prepares_the_model_and_seeds_no_weights(monkeypatch:
     assert "| warm start (SFT) | test | 0.500 |" in (tmp_path / "results.md").read_text()
 
 
+def test_the_tiny_desk_demo_trains_longer_and_runs_rl_past_the_gate_with_a_warning(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    fits: list[list[str]] = []
+
+    def fit(config: str, export_dir: str, root_dir: str, overrides: list[str] = ()) -> demo.StageResult:
+        fits.append(list(overrides))
+        return demo.StageResult(export_dir, 1.0, 1, {"train/real_calls_total": 0.0})
+
+    monkeypatch.setattr(demo, "fit", fit)
+    monkeypatch.setattr(demo, "evaluate", lambda *a, **k: {"success_act": 0.5})
+    with caplog.at_level("WARNING", logger="envace.demo"):
+        demo.main(["--domain", "desk", "--out", str(tmp_path), "--sft=--trainer.max_steps=7"])
+    sft, rl = fits
+    steps = [a for a in sft if a.startswith("--trainer.max_steps=")]
+    assert steps == ["--trainer.max_steps=1000", "--trainer.max_steps=3000", "--trainer.max_steps=7"]  # user last
+    assert rl[-1] == "--model.fidelity_gate=null" and "below the fidelity gate" in caplog.text
+    fits.clear()
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="envace.demo"):
+        demo.main(["--out", str(tmp_path)])  # the bank keeps the gate and the 1000 steps
+    assert "--trainer.max_steps=3000" not in fits[0] and "--model.fidelity_gate=null" not in fits[1]
+    assert "fidelity gate" not in caplog.text
+
+
 def test_the_domain_moves_every_task_set_and_fits_the_tiny_tokenizer(monkeypatch: pytest.MonkeyPatch) -> None:
     fits: list[list[str]] = []
     tested: list[str] = []
