@@ -205,39 +205,50 @@ def answer_from_responses(plan: Plan, contents: list[str]) -> str:
 
 
 def working(world: World, done: list[ToolCall], call: ToolCall) -> str:
-    """The desk's reasoning for ``call`` after the successful calls ``done``: the record it reads, the check it passes.
+    """The desk's reasoning for ``call`` after the successful calls ``done``: what it reads, then what it decides.
 
-    Examples::
+    It first lists what the call looks up (the ticket ids, or the agents), says whether the named one is there, then
+    quotes the ticket's record as it stands after ``done`` (the world context's JSON with every earlier change
+    applied) and states the check the call passes or fails. A rehearse role that learns to write this copies the
+    record from its context before it answers, instead of guessing whether a ticket exists, is closed or has an
+    assignee. Examples::
 
-        T852 exists.
-        T250: assignee none -> hana.
-        T904 is closed: it cannot be assigned.
-        T760 has no assignee: it cannot be closed.
-        Tickets assigned to eli: T306 T555.
-        T857 is not a ticket.
+        Tickets: T105 T230 T318. T105: {"title": "vpn down", "status": "open", "assignee": "ana"}.
+        Tickets: T105 T230 T318. T999 is not one of them.
+        Tickets: T105 T230 T318. Agents: ana ben chen. T230: {..., "status": "closed", ...}. It is closed: it cannot
+        be assigned.
+        Tickets: T105 T230 T318. T318: {..., "assignee": null}. It has no assignee: it cannot be closed.
+        Agents: ana ben chen. Assignees: T105 ana, T230 ben, T318 none. Tickets assigned to chen: none.
     """
     tickets = {tid: dict(record) for tid, record in world.tickets.items()}
     for earlier in done:
         _update(tickets, earlier)
     args = call.arguments
     ticket, agent = args.get("ticket"), args.get("agent")
-    if ticket is not None and ticket not in tickets:
-        return f"{ticket} is not a ticket."
-    if agent is not None and agent not in world.agents:
-        return f"{agent} is not on the desk."
-    if call.name == "get_ticket":
-        return f"{ticket} exists."
+    agents = f"Agents: {' '.join(world.agents)}."
     if call.name == "find_tickets":
-        owned = sorted(t for t, r in tickets.items() if r["assignee"] == agent)
-        return f"Tickets assigned to {agent}: {' '.join(owned) or 'none'}."
+        if agent not in world.agents:
+            return f"{agents} {agent} is not one of them."
+        assignees = ", ".join(f"{tid} {record['assignee'] or 'none'}" for tid, record in sorted(tickets.items()))
+        owned = sorted(tid for tid, record in tickets.items() if record["assignee"] == agent)
+        return f"{agents} Assignees: {assignees}. Tickets assigned to {agent}: {' '.join(owned) or 'none'}."
+    steps = [f"Tickets: {' '.join(sorted(tickets))}."]
+    if ticket not in tickets:
+        return f"{steps[0]} {ticket} is not one of them."
+    if agent is not None:
+        steps.append(agents)
+        if agent not in world.agents:
+            return " ".join([*steps, f"{agent} is not one of them."])
     record = tickets[ticket]
+    steps.append(f"{ticket}: {json.dumps(record, ensure_ascii=False)}.")  # as the world context writes it
     if call.name == "assign":
-        if record["status"] == "closed":
-            return f"{ticket} is closed: it cannot be assigned."
-        return f"{ticket}: assignee {record['assignee'] or 'none'} -> {agent}."
-    if args["status"] == "closed" and record["assignee"] is None:
-        return f"{ticket} has no assignee: it cannot be closed."
-    return f"{ticket}: status {record['status']} -> {args['status']}."
+        steps.append("It is closed: it cannot be assigned." if record["status"] == "closed"
+                     else f"Assignee {record['assignee'] or 'none'} -> {agent}.")
+    elif call.name == "set_status":
+        refused = args["status"] == "closed" and record["assignee"] is None
+        steps.append("It has no assignee: it cannot be closed." if refused
+                     else f"Status {record['status']} -> {args['status']}.")
+    return " ".join(steps)
 
 
 def _update(tickets: dict[str, dict[str, Any]], call: ToolCall) -> None:

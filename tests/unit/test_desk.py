@@ -290,15 +290,24 @@ def test_agents_and_tickets_of_a_world_come_from_the_pools(splits: dict[str, lis
 @pytest.mark.parametrize(
     ("done", "call", "expected"),
     [
-        ([], get_ticket("T105"), "T105 exists."),
-        ([], get_ticket("T999"), "T999 is not a ticket."),
-        ([], assign("T230", "ana"), "T230 is closed: it cannot be assigned."),
-        ([], set_status("T318", "closed"), "T318 has no assignee: it cannot be closed."),
-        ([assign("T318", "ana")], set_status("T318", "closed"), "T318: status pending -> closed."),
-        ([assign("T318", "ana")], find_tickets("ana"), "Tickets assigned to ana: T105 T318."),
-        ([], find_tickets("chen"), "Tickets assigned to chen: none."),
-        ([], assign("T105", "zoe"), "zoe is not on the desk."),
-        ([], assign("T318", "ben"), "T318: assignee none -> ben."),
+        ([], get_ticket("T105"), 'Tickets: T105 T230 T318. T105: {"title": "vpn down", "status": "open", "assignee": "ana"}.'),
+        ([], get_ticket("T999"), "Tickets: T105 T230 T318. T999 is not one of them."),
+        ([], assign("T230", "ana"),
+         'Tickets: T105 T230 T318. Agents: ana ben chen. T230: {"title": "disk full", "status": "closed", "assignee": "ben"}. '
+         "It is closed: it cannot be assigned."),
+        ([], set_status("T318", "closed"),
+         'Tickets: T105 T230 T318. T318: {"title": "mouse dead", "status": "pending", "assignee": null}. '
+         "It has no assignee: it cannot be closed."),
+        ([assign("T318", "ana")], set_status("T318", "closed"),  # the record as the earlier call left it
+         'Tickets: T105 T230 T318. T318: {"title": "mouse dead", "status": "pending", "assignee": "ana"}. Status pending -> closed.'),
+        ([assign("T318", "ana")], find_tickets("ana"),
+         "Agents: ana ben chen. Assignees: T105 ana, T230 ben, T318 ana. Tickets assigned to ana: T105 T318."),
+        ([], find_tickets("chen"), "Agents: ana ben chen. Assignees: T105 ana, T230 ben, T318 none. Tickets assigned to chen: none."),
+        ([], find_tickets("zoe"), "Agents: ana ben chen. zoe is not one of them."),
+        ([], assign("T105", "zoe"), "Tickets: T105 T230 T318. Agents: ana ben chen. zoe is not one of them."),
+        ([], assign("T999", "zoe"), "Tickets: T105 T230 T318. T999 is not one of them."),  # the ticket is looked up first, as HelpDesk does
+        ([], assign("T318", "ben"),
+         'Tickets: T105 T230 T318. Agents: ana ben chen. T318: {"title": "mouse dead", "status": "pending", "assignee": null}. Assignee none -> ben.'),
     ],
 )
 def test_the_desks_working_on_hand_written_states(done: list[ToolCall], call: ToolCall, expected: str) -> None:
