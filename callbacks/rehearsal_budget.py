@@ -6,7 +6,9 @@ rehearse role, committed turns answered by the module's evaluation world (``Real
 plain acting, run once and shared by both modes. The callback logs the curves to TensorBoard
 (``rehearsal_budget/<mode>/{success,tokens}`` with the budget as the x axis; other loggers get one key per budget)
 and writes ``rehearsal_budget_step<N>.{json,md,png}`` (success and rehearsal tokens per episode against the budget)
-under ``output_dir`` (default: the logger's directory). It runs at the end of ``fit``, under ``envace test`` and
+under ``output_dir`` (default: the logger's directory); with ``write_episodes`` also every episode of every setting,
+with the memory the act role read before each committed turn (``rehearsal_budget_step<N>_<mode>_b<budget>.jsonl``,
+one ``callbacks.episode_writer.episode_record`` per line). It runs at the end of ``fit``, under ``envace test`` and
 every ``every_n_steps`` steps. Real calls are counted: committed ones in ``real_calls``, rehearsal ones in
 ``private_real_calls`` (always 0).
 
@@ -53,6 +55,8 @@ class RehearsalBudgetAblation(L.Callback):
         on_test: run at the end of ``envace test``.
         every_n_steps: also run every this many optimiser steps (0: never).
         output_dir: where the table, JSON and plot go (default: ``<log dir>/rehearsal_budget``).
+        write_episodes: also write every episode of every (mode, budget) as JSON Lines, to read why a budget helps
+            or hurts (the rehearsed responses and answers the act role read, then what it committed).
     """
 
     def __init__(
@@ -71,6 +75,7 @@ class RehearsalBudgetAblation(L.Callback):
         on_test: bool = True,
         every_n_steps: int = 0,
         output_dir: str | None = None,
+        write_episodes: bool = False,
     ) -> None:
         self.budgets = sorted(set([0, 1, 2, 4, 8] if budgets is None else budgets))
         self.modes = list(MODES if modes is None else modes)
@@ -90,6 +95,7 @@ class RehearsalBudgetAblation(L.Callback):
         self.selector, self.seed = selector, seed
         self.at_fit_end, self.on_test, self.every_n_steps = at_fit_end, on_test, every_n_steps
         self.output_dir = output_dir
+        self.write_episodes = write_episodes
         self.history: list[dict[str, Any]] = []
 
     # -- hooks ------------------------------------------------------------------------------------------------------
@@ -125,23 +131,25 @@ class RehearsalBudgetAblation(L.Callback):
         tasks = load_task_set(self.tasks_spec)[: self.limit]
         pl_module._bind_worlds()
         rows: list[dict[str, Any]] = []
+        episodes: dict[tuple[str, int], list[Any]] = {}
         with torch.no_grad():
             plain = self._run(pl_module, tasks, PrivateRehearsal(0))
             for mode in self.modes:
                 for budget in self.budgets:
-                    row = plain if budget == 0 else self._run(pl_module, tasks, self._budget(budget, mode))
+                    row, episodes[mode, budget] = (
+                        plain if budget == 0 else self._run(pl_module, tasks, self._budget(budget, mode)))
                     rows.append({"mode": mode, "budget": budget, **row})
         record = {"step": trainer.global_step, "tasks": self.tasks_spec, "n_tasks": len(tasks),
                   "granularity": self.granularity, "horizon": self.horizon, "rows": rows}
         self.history.append(record)
         self._log(trainer, rows)
-        self._write(trainer, record)
+        self._write(trainer, record, episodes if self.write_episodes else {})
         return record
 
     def _budget(self, budget: int, mode: str) -> PrivateRehearsal:
         return PrivateRehearsal(budget, mode, self.granularity, self.horizon, self.temperature)  # type: ignore[arg-type]
 
-    def _run(self, module: Any, tasks: list[Any], rehearsal: PrivateRehearsal) -> dict[str, float]:
+    def _run(self, module: Any, tasks: list[Any], rehearsal: PrivateRehearsal) -> tuple[dict[str, float], list[Any]]:
         """One setting: greedy committed turns in the evaluation world, attempts sampled under ``seed``."""
         import torch
 
@@ -165,7 +173,7 @@ class RehearsalBudgetAblation(L.Callback):
             "attempts_per_episode": sum(e.stats.private_rehearsals for e in episodes) / n,
             "real_calls": float(sum(e.stats.real_calls for e in episodes)),
             "private_real_calls": float(sum(e.stats.private_real_calls for e in episodes)),
-        }
+        }, episodes
 
     def _log(self, trainer: L.Trainer, rows: list[dict[str, Any]]) -> None:
         for logger in trainer.loggers:
@@ -179,13 +187,18 @@ class RehearsalBudgetAblation(L.Callback):
                                     for r in rows}, step=trainer.global_step)
 
     @rank_zero_only
-    def _write(self, trainer: L.Trainer, record: dict[str, Any]) -> None:
+    def _write(self, trainer: L.Trainer, record: dict[str, Any], episodes: dict[tuple[str, int], list[Any]]) -> None:
+        from callbacks.episode_writer import episode_record
+
         root = Path(self.output_dir or Path(trainer.log_dir or trainer.default_root_dir) / "rehearsal_budget")
         root.mkdir(parents=True, exist_ok=True)
         name = f"rehearsal_budget_step{record['step']}"
         (root / f"{name}.json").write_text(json.dumps(record, indent=1), encoding="utf-8")
         (root / f"{name}.md").write_text(markdown(record) + "\n", encoding="utf-8")
         plot(record, root / f"{name}.png")
+        for (mode, budget), batch in episodes.items():
+            lines = "".join(json.dumps(episode_record(e), ensure_ascii=False) + "\n" for e in batch)
+            (root / f"{name}_{mode}_b{budget}.jsonl").write_text(lines, encoding="utf-8")
 
 
 def markdown(record: dict[str, Any]) -> str:

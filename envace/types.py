@@ -354,6 +354,9 @@ class Episode:
             (``envace.audit.AuditResult``).
         call_steps: ``(user turn, the valid calls of one act turn)`` for each act turn that made calls: the calls
             grouped by user turn and step, as multi-turn benchmarks score them.
+        private_memory: ``(act turn, memory text)`` for each committed act turn that private rehearsal preceded: the
+            attempts' calls, rehearsed responses and answers as the act role read them (never in ``messages``: the
+            memory is private). Empty without private rehearsal.
     """
 
     task: Task
@@ -369,6 +372,7 @@ class Episode:
     audit: Any = None
     call_steps: list[tuple[int, list[ToolCall]]] = field(default_factory=list)
     earlier_act: list[Sample] = field(default_factory=list)
+    private_memory: list[tuple[int, str]] = field(default_factory=list)
 
     def act_rows(self) -> list[Sample]:
         """The act role's rows, oldest first (``earlier_act``, then ``act``)."""

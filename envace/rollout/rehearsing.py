@@ -82,7 +82,9 @@ class RehearsingRunner(EpisodeRunner):
                 out[id(s)] = Generation(list(chosen.first_turn), chosen.first_finished)
                 s.episode.stats.private_commits += 1
             elif tried:
-                prompts[id(s)] = self._memory_stream(s, format_memory(tried, self.rehearsal.max_response_chars)).ids
+                memory = format_memory(tried, self.rehearsal.max_response_chars)
+                s.episode.private_memory.append((s.episode.stats.act_turns, memory))
+                prompts[id(s)] = self._memory_stream(s, memory).ids
             else:
                 prompts[id(s)] = s.stream.ids
         waiting = [s for s in states if id(s) in prompts]
@@ -211,7 +213,8 @@ def _fork_episode(episode: Episode) -> Episode:
     return replace(episode, messages=list(episode.messages), act=copy.copy(episode.act),
                    earlier_act=list(episode.earlier_act),
                    rehearsals=list(episode.rehearsals), calls=list(episode.calls),
-                   call_steps=list(episode.call_steps), stats=replace(episode.stats))
+                   call_steps=list(episode.call_steps), private_memory=list(episode.private_memory),
+                   stats=replace(episode.stats))
 
 
 def _fork_stream(stream: TokenStream | None) -> TokenStream:

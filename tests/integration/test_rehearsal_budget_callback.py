@@ -25,6 +25,7 @@ def test_the_ablation_runs_every_budget_in_both_modes_and_writes_its_files(tmp_p
     callback = json.dumps([{"class_path": "callbacks.rehearsal_budget.RehearsalBudgetAblation",
                             "init_args": {"tasks": "builtin:bank-test", "limit": 3, "budgets": [0, 1, 2],
                                           "horizon": 1, "batch_size": 2,  # chunks of 2 and 1 tasks
+                                          "write_episodes": True,
                                           "output_dir": str(tmp_path / "ablation")}}])
     args = ["test", "--config", TINY, f"--trainer.default_root_dir={tmp_path}",
             f"--trainer.callbacks={callback}",
@@ -43,7 +44,21 @@ def test_the_ablation_runs_every_budget_in_both_modes_and_writes_its_files(tmp_p
     plain = [{k: v for k, v in rows[(mode, 0)].items() if k != "mode"} for mode in ("parallel", "sequential")]
     assert plain[0] == plain[1]  # plain acting, run once
     files = sorted(p.name for p in (tmp_path / "ablation").iterdir())
-    assert files == [f"rehearsal_budget_step0.{ext}" for ext in ("json", "md", "png")]
+    settings = [f"rehearsal_budget_step0_{m}_b{b}.jsonl" for m in ("parallel", "sequential") for b in (0, 1, 2)]
+    assert files == sorted([f"rehearsal_budget_step0.{ext}" for ext in ("json", "md", "png")] + settings)
+    for (mode, budget), row in rows.items():
+        lines = (tmp_path / "ablation" / f"rehearsal_budget_step0_{mode}_b{budget}.jsonl").read_text().splitlines()
+        episodes = [json.loads(line) for line in lines]
+        assert len(episodes) == 3 and all(e["task"].startswith("bank-test-") for e in episodes)
+        assert sum(e["success"] for e in episodes) / 3 == pytest.approx(row["success"])
+        for episode in episodes:  # the memory the act role read before each of its 2 committed turns
+            memory = episode.get("private_memory", [])
+            assert [m["act_turn"] for m in memory] == ([0, 1] if budget else [])
+            for m in memory:
+                assert m["memory"].count("\nAttempt ") == budget
+                assert ("get_balance" in m["memory"]) == (m["act_turn"] == 0)  # the scripted call, then its answer
+                assert ("answer: 120" in m["memory"]) == (m["act_turn"] == 1)
+                assert all(m["memory"] not in str(msg.get("content")) for msg in episode["messages"])  # private
     assert "| sequential | 2 | " in (tmp_path / "ablation" / "rehearsal_budget_step0.md").read_text()
     curve = _scalars(tmp_path)["rehearsal_budget/parallel/tokens_per_episode"]
     assert len(curve) == 3 and curve[0] == 0.0 and curve[1] > 0  # one point per budget
