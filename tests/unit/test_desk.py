@@ -287,27 +287,29 @@ def test_agents_and_tickets_of_a_world_come_from_the_pools(splits: dict[str, lis
         assert set(args["tickets"]) <= set(TICKET_IDS) and list(args["tickets"]) == sorted(args["tickets"])
 
 
+_IDS, _AGENTS = "Tickets: T105 T230 T318.", "Agents: ana ben chen."
+_T105 = 'T105: {"title": "vpn down", "status": "open", "assignee": "ana"}.'
+_T230 = 'T230: {"title": "disk full", "status": "closed", "assignee": "ben"}.'
+_T318 = 'T318: {"title": "mouse dead", "status": "pending", "assignee": null}.'
+_T318_ANA = 'T318: {"title": "mouse dead", "status": "pending", "assignee": "ana"}.'  # as assign(T318, ana) left it
+
+
 @pytest.mark.parametrize(
     ("done", "call", "expected"),
     [
-        ([], get_ticket("T105"), 'Tickets: T105 T230 T318. T105: {"title": "vpn down", "status": "open", "assignee": "ana"}.'),
-        ([], get_ticket("T999"), "Tickets: T105 T230 T318. T999 is not one of them."),
-        ([], assign("T230", "ana"),
-         'Tickets: T105 T230 T318. Agents: ana ben chen. T230: {"title": "disk full", "status": "closed", "assignee": "ben"}. '
-         "It is closed: it cannot be assigned."),
-        ([], set_status("T318", "closed"),
-         'Tickets: T105 T230 T318. T318: {"title": "mouse dead", "status": "pending", "assignee": null}. '
-         "It has no assignee: it cannot be closed."),
-        ([assign("T318", "ana")], set_status("T318", "closed"),  # the record as the earlier call left it
-         'Tickets: T105 T230 T318. T318: {"title": "mouse dead", "status": "pending", "assignee": "ana"}. Status pending -> closed.'),
+        ([], get_ticket("T105"), f"{_IDS} {_T105}"),
+        ([], get_ticket("T999"), f"{_IDS} T999 is not one of them."),
+        ([], assign("T230", "ana"), f"{_IDS} {_AGENTS} {_T230} It is closed: it cannot be assigned."),
+        ([], set_status("T318", "closed"), f"{_IDS} {_T318} It has no assignee: it cannot be closed."),
+        ([assign("T318", "ana")], set_status("T318", "closed"), f"{_IDS} {_T318_ANA} Status pending -> closed."),
         ([assign("T318", "ana")], find_tickets("ana"),
-         "Agents: ana ben chen. Assignees: T105 ana, T230 ben, T318 ana. Tickets assigned to ana: T105 T318."),
-        ([], find_tickets("chen"), "Agents: ana ben chen. Assignees: T105 ana, T230 ben, T318 none. Tickets assigned to chen: none."),
-        ([], find_tickets("zoe"), "Agents: ana ben chen. zoe is not one of them."),
-        ([], assign("T105", "zoe"), "Tickets: T105 T230 T318. Agents: ana ben chen. zoe is not one of them."),
-        ([], assign("T999", "zoe"), "Tickets: T105 T230 T318. T999 is not one of them."),  # the ticket is looked up first, as HelpDesk does
-        ([], assign("T318", "ben"),
-         'Tickets: T105 T230 T318. Agents: ana ben chen. T318: {"title": "mouse dead", "status": "pending", "assignee": null}. Assignee none -> ben.'),
+         f"{_AGENTS} Assignees: T105 ana, T230 ben, T318 ana. Tickets assigned to ana: T105 T318."),
+        ([], find_tickets("chen"),
+         f"{_AGENTS} Assignees: T105 ana, T230 ben, T318 none. Tickets assigned to chen: none."),
+        ([], find_tickets("zoe"), f"{_AGENTS} zoe is not one of them."),
+        ([], assign("T105", "zoe"), f"{_IDS} {_AGENTS} zoe is not one of them."),
+        ([], assign("T999", "zoe"), f"{_IDS} T999 is not one of them."),  # the ticket is looked up first, as HelpDesk
+        ([], assign("T318", "ben"), f"{_IDS} {_AGENTS} {_T318} Assignee none -> ben."),
     ],
 )
 def test_the_desks_working_on_hand_written_states(done: list[ToolCall], call: ToolCall, expected: str) -> None:
