@@ -214,3 +214,25 @@ def test_evaluate_policy_engines_agree_and_a_template_can_be_set(tiny_dir: str, 
 
     engine, tokenizer = module.build_engine(tiny_dir, chat_template="chatml-tools")
     assert isinstance(engine, CachedEngine) and tokenizer.chat_template == load_chat_template("chatml-tools")
+
+
+def test_precision_speed_measures_every_precision_on_the_same_inputs(tiny_dir: str, capsys) -> None:
+    script = _script("precision_speed")
+    script.main(["--model", tiny_dir, "--rows", "2", "--row-tokens", "8", "--prompt-tokens", "4", "--new-tokens", "3",
+                 "--repeats", "1", "--device", "cpu"])
+    out = capsys.readouterr().out
+    rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| ") and "precision" not in line]
+    assert [r[0].strip() for r in rows] == ["float32", "bf16-mixed", "bf16-true"]
+    summary = dict(kv.split("=") for kv in out.strip().splitlines()[-1].removeprefix("SUMMARY ").split())
+    for precision in ("float32", "bf16-mixed", "bf16-true"):  # the table's figures, rounded for print
+        (row,) = [r for r in rows if r[0].strip() == precision]
+        update, generate = float(summary[f"update_tok_s_{precision}"]), float(summary[f"generate_tok_s_{precision}"])
+        assert abs(update - float(row[2])) <= 0.55 and abs(generate - float(row[4])) <= 0.055
+        seconds = float(row[1])  # 16 row tokens in that many seconds (to the printed 0.01 s)
+        assert 16 / (seconds + 0.005) <= update <= 16 / max(seconds - 0.005, 1e-9)
+    assert float(summary["bf16_matmul_slowdown"]) > 0
+
+
+def test_precision_speed_refuses_an_empty_measurement() -> None:
+    with pytest.raises(SystemExit):
+        _script("precision_speed").parse_args(["--model", "m", "--new-tokens", "0"])
