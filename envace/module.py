@@ -95,7 +95,8 @@ class EnvACEModule(PolicyModule):
         fidelity_gate: refuse to start training when the policy's rehearsal fidelity (exact match of the rehearsed
             responses to the recorded real ones, teacher-forced on the validation tasks' reference calls, or the
             training tasks' without validation tasks) is below this: a world model that inaccurate is easier to game
-            than to learn from. None skips the check.
+            than to learn from. None skips the check, and so does a training world that never rehearses
+            (``RealWorld``, a ``HybridWorld`` without rehearsal).
         user: a simulated user (a local model that is never trained) writing the user turns of tasks with
             ``Task.user`` after their scripted ones, in training and evaluation (tau^2's user-mode tasks).
         test_rehearsal: under ``envace test``, rehearse privately before committed act turns (the paper's test-time
@@ -396,6 +397,10 @@ class EnvACEModule(PolicyModule):
         # every rank declares the same tools, in the same order: each metric's compute is a collective
         self.quality.live.declare(sorted({spec["function"]["name"] for task in train for spec in task.tools}))
         if self.fidelity_gate is None:
+            return
+        if not getattr(self.world, "rehearses", True):
+            rank_zero_info(f"fidelity gate: not checked, the training world ({type(self.world).__name__}) answers no "
+                           "call by rehearsal")
             return
         tasks = getattr(datamodule, "tasks", {}).get("val") or getattr(datamodule, "tasks", {}).get("train") or []
         self._bind_worlds()

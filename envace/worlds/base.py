@@ -90,7 +90,9 @@ class World(Protocol):
     and rehearsed answers per turn) and ``CacheWorld``.
 
     A world whose ``respond`` generates with the policy's engine sets ``generates_with_policy`` (then it makes
-    exactly one ``engine.generate`` call per ``respond``, so that sharded ranks stay in lockstep).
+    exactly one ``engine.generate`` call per ``respond``, so that sharded ranks stay in lockstep). A world that never
+    answers a call by rehearsal sets ``rehearses = False`` (``RealWorld``; a ``HybridWorld`` by its schedule): the
+    module's fidelity gate then does not apply. A world without the attribute is taken to rehearse.
     """
 
     def begin_rollout(self, step: int) -> None:

@@ -174,6 +174,14 @@ class HybridWorld:
         self.boost = 0.0  # rehearse probability moved to real and cache by a collusion guard
         self._serial = 0
 
+    @property
+    def rehearses(self) -> bool:
+        """Some call may be answered by rehearsal: the schedule gives it weight, or a cache miss goes to it."""
+        mixes = (self.schedule.start, self.schedule.end)
+        if any(m.rehearse > 0 for m in mixes):
+            return True
+        return self.on_miss == "rehearse" and any(m.cache > 0 for m in mixes)
+
     # -- schedule ---------------------------------------------------------------------------------------------------
 
     @property

@@ -11,6 +11,7 @@ from envace.envs.real import DEFAULT_TOOL_TIMEOUT_S, RealEnvironment
 from envace.rollout.engine import Engine, SamplingParams
 from envace.types import Task
 from envace.worlds.base import ToolReply, ToolRequest, failed_reply
+from envace.worlds.rehearse import RehearseWorld
 
 
 class RealWorld:
@@ -22,12 +23,19 @@ class RealWorld:
 
     Args:
         tool_timeout_s: most seconds an environment's constructor and each tool call may take (0: no limit).
+        rehearse: the prompt settings of the policy's rehearse role where the module still trains or probes it (its
+            world-model alignment rows, fidelity evaluation): e.g. ``RehearseWorld(think=True)`` for a warm start
+            that learned to think before it answers. This world never rehearses a call (default: the plain prompts).
     """
 
-    def __init__(self, tool_timeout_s: float = DEFAULT_TOOL_TIMEOUT_S) -> None:
+    rehearses = False
+    """No call is ever answered by the policy's rehearse role (the fidelity gate does not apply)."""
+
+    def __init__(self, tool_timeout_s: float = DEFAULT_TOOL_TIMEOUT_S, rehearse: RehearseWorld | None = None) -> None:
         if not tool_timeout_s >= 0:
             raise ValueError(f"tool_timeout_s must be >= 0 (0: no limit), got {tool_timeout_s}")
         self.tool_timeout_s = tool_timeout_s
+        self.rehearse = rehearse
 
     def begin_rollout(self, step: int) -> None:
         """Nothing is scheduled."""

@@ -230,3 +230,30 @@ def test_envace_test_runs_the_rehearsal_agent_with_a_budget_from_the_command_lin
     assert metrics["test/private_real_calls"] == 0.0 and metrics["test/real_calls"] == 4.0  # the committed calls
     for episode in cli.model.last_episodes:
         assert episode.stats.private_commits == 2 and episode.final_answer == "120"
+
+
+def test_fidelity_gate_does_not_apply_to_a_world_that_never_rehearses(tmp_path: Path, caplog) -> None:
+    # The same random tiny policy as above, trained against real tools: its rehearsals answer no call, so no gate.
+    with caplog.at_level("INFO"):
+        cli = _run(tmp_path, "fit", "--trainer.max_steps=1", "--model.fidelity_gate=0.5",
+                   "--model.world=envace.worlds.RealWorld", "--data.val_tasks=builtin:bank-val:4",
+                   "--model.rollout.rehearse_max_new_tokens=8", "--model.rollout.act_max_new_tokens=8")
+    assert cli.trainer.global_step == 1
+    assert "fidelity gate: not checked, the training world (RealWorld) answers no call by rehearsal" in caplog.text
+
+
+def test_worlds_say_whether_they_rehearse_and_a_real_world_lends_its_rehearse_prompts() -> None:
+    from envace.worlds import HybridWorld, RealWorld, RehearseWorld
+    from envace.worlds.hybrid import Mix, MixSchedule
+    from envace.worlds.rehearse import alignment_prompter
+
+    assert RealWorld().rehearses is False and getattr(RehearseWorld(), "rehearses", True) is True
+    real_only = MixSchedule(start=Mix(real=1.0, rehearse=0.0), end=Mix(real=1.0, rehearse=0.0))
+    assert HybridWorld(real_only).rehearses is False
+    cached = MixSchedule(start=Mix(cache=1.0, rehearse=0.0), end=Mix(cache=1.0, rehearse=0.0))
+    assert HybridWorld(cached, on_miss="rehearse").rehearses is True  # a miss is rehearsed
+    assert HybridWorld(cached, on_miss="real").rehearses is False
+    ramp = MixSchedule(start=Mix(real=1.0, rehearse=0.0), end=Mix(rehearse=1.0), steps=10)
+    assert HybridWorld(ramp).rehearses is True
+    assert alignment_prompter(RealWorld()).think is False
+    assert alignment_prompter(RealWorld(rehearse=RehearseWorld(think=True))).think is True  # the alignment rows think
