@@ -36,7 +36,8 @@ class GRPOConfig:
         align_max_per_task: most alignment rows per task per step.
         align_live: also align on this step's live pairs: each call a real environment or the cache answered, and
             each call of an audited episode, with the episode's own history and the real response as the target
-            (with ``align_weight`` > 0).
+            (with ``align_weight`` > 0). Not with a thinking rehearse role (``think``): a live pair has no working, and
+            a row of the result alone would teach the rehearse role to answer without one.
         align_live_max: most live alignment rows per step.
         imitate_weight: weight of the imitation cross-entropy on the demonstrations' act turns (the act-role
             analogue of the alignment term: each step's tasks that keep a reference trajectory add it as a

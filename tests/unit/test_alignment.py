@@ -174,3 +174,23 @@ def test_the_alignment_prompter_keeps_thinking() -> None:
     from envace.worlds.rehearse import alignment_prompter
 
     assert alignment_prompter(RehearseWorld(think=True)).think and not alignment_prompter(RehearseWorld()).think
+
+
+def test_live_pairs_give_rows_only_to_a_rehearse_role_that_does_not_think(tiny_tokenizer) -> None:
+    from envace.types import Episode, EpisodeStats, Rehearsal, Sample
+
+    task = bank()["bank-train-0002-transfer_target"]
+    request = ToolRequest(task, TRANSFER, [], None, 0, 3)
+    real = Rehearsal(TRANSFER, TRANSFER_REAL, True, source="real", real=TRANSFER_REAL, request=request)
+    rehearsed = Rehearsal(D9, D9_REAL, True, source="rehearse", real=None, request=request)
+    episode = Episode(task, 3, [], Sample([1], [0], [0], Role.ACT, 0, 3), rehearsals=[real, rehearsed],
+                      stats=EpisodeStats())
+    plain, thinking = RehearseWorld(), RehearseWorld(think=True)
+    for world in (plain, thinking):
+        world.bind(tiny_tokenizer, nn.Identity())
+    (row,) = AlignmentRows(tiny_tokenizer, plain, max_per_task=8).live_rows([episode], max_rows=8)
+    assert row.align and row.group_index == 3  # the real answer, not the rehearsed one
+    target = tiny_tokenizer.decode([t for t, m in zip(row.token_ids, row.loss_mask) if m], skip_special_tokens=False)
+    assert target == f"<execution_result>\n{TRANSFER_REAL}\n</execution_result><|im_end|>"
+    # no working is known for a live pair: the result alone would teach a thinking role to stop working
+    assert AlignmentRows(tiny_tokenizer, thinking, max_per_task=8).live_rows([episode], max_rows=8) == []
