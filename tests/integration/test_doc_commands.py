@@ -585,6 +585,14 @@ REGISTRY: dict[str, Entry] = {
     "--trainer.callbacks.batch_size=16": parse_only(
         "checks", config_check(), "needs the SmolLM2 warm start; checked: parses and instantiates without weights "
         "(tests/integration/test_rehearsal_budget_callback.py runs the callback on the tiny config)"),
+    **{".venv/bin/envace fit --config lit_configs/smollm2_rl.yaml --model.policy.init_args.name_or_path=runs/"
+       "smollm2_bank/policy --trainer.max_steps=8 --trainer.limit_val_batches=0 "
+       f"--trainer.default_root_dir=runs/rl_{arm}{world}": parse_only(
+           "checks", config_check(), "about 35 minutes on 2 cores, needs the SmolLM2 bank warm start; checked: parses "
+           "and instantiates without weights (tests/integration/test_module.py runs RealWorld RL on the tiny config)")
+       for arm, world in (("envace", ""), ("real", " --model.world=envace.worlds.RealWorld "
+                                                  "--model.world.init_args.rehearse=envace.worlds.RehearseWorld "
+                                                  "--model.world.init_args.rehearse.init_args.think=true"))},
     # The smoke config, its checkpoint resumed and exported, the export evaluated.
     TINY_YAML: run("tiny", *TINY_FIT, check=expect_files("runs/tiny/**/last.ckpt")),
     "envace fit --ckpt_path=last": run(
