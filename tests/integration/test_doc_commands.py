@@ -593,6 +593,16 @@ REGISTRY: dict[str, Entry] = {
        for arm, world in (("envace", ""), ("real", " --model.world=envace.worlds.RealWorld "
                                                   "--model.world.init_args.rehearse=envace.worlds.RehearseWorld "
                                                   "--model.world.init_args.rehearse.init_args.think=true"))},
+    ".venv/bin/python benchmarks/vs_trl.py --model models/smollm2-135m-instruct --pairs 1 --steps 3 --warmup 1 "
+    "--threads 2": parse_only(
+        "checks", script_parses(), "8 minutes, needs TRL and the prepared SmolLM2; checked: every flag parses"),
+    ".venv/bin/python benchmarks/precision_speed.py --model models/smollm2-135m-instruct --threads 2 --rows 2 "
+    "--row-tokens 128 --prompt-tokens 128 --new-tokens 16 --repeats 1": parse_only(
+        "checks", script_parses(), "6 minutes, needs the prepared SmolLM2; checked: every flag parses, and "
+        "tests/unit/test_benchmark_scripts.py runs the script on the tiny model"),
+    ".venv/bin/python benchmarks/precision_speed.py --model models/smollm2-135m-instruct --threads 2": parse_only(
+        "checks", script_parses(), "needs the prepared SmolLM2; checked: every flag parses, and "
+        "tests/unit/test_benchmark_scripts.py runs the script on the tiny model"),
     # The smoke config, its checkpoint resumed and exported, the export evaluated.
     TINY_YAML: run("tiny", *TINY_FIT, check=expect_files("runs/tiny/**/last.ckpt")),
     "envace fit --ckpt_path=last": run(
