@@ -603,6 +603,17 @@ REGISTRY: dict[str, Entry] = {
     ".venv/bin/python benchmarks/precision_speed.py --model models/smollm2-135m-instruct --threads 2": parse_only(
         "checks", script_parses(), "needs the prepared SmolLM2; checked: every flag parses, and "
         "tests/unit/test_benchmark_scripts.py runs the script on the tiny model"),
+    **{f".venv/bin/python benchmarks/evaluate_policy.py --model {model} --act-max-new-tokens 128 "
+       f"--bfcl-categories {rest}": parse_only(
+           "checks", script_parses(), "needs the prepared SmolLM2 (and its bank warm start); checked: every flag "
+           "parses (tests/unit/test_benchmark_scripts.py runs the script, --chat-template included, on the tiny "
+           "policy)")
+       for model, rest in (
+           ("models/smollm2-135m-instruct --chat-template chatml-tools",
+            "simple_python multiple --bfcl-limit 5 --tau2-domains"),
+           ("models/smollm2-135m-instruct --chat-template chatml-tools",
+            "parallel irrelevance --bfcl-limit 5 --tau2-domains telecom --tau2-limit 2"),
+           ("runs/smollm2_bank/policy", "simple_python multiple --bfcl-limit 5 --tau2-domains"))},
     # The smoke config, its checkpoint resumed and exported, the export evaluated.
     TINY_YAML: run("tiny", *TINY_FIT, check=expect_files("runs/tiny/**/last.ckpt")),
     "envace fit --ckpt_path=last": run(
