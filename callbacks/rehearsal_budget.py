@@ -136,14 +136,15 @@ class RehearsalBudgetAblation(L.Callback):
             plain = self._run(pl_module, tasks, PrivateRehearsal(0))
             for mode in self.modes:
                 for budget in self.budgets:
-                    row, episodes[mode, budget] = (
-                        plain if budget == 0 else self._run(pl_module, tasks, self._budget(budget, mode)))
+                    row, played = plain if budget == 0 else self._run(pl_module, tasks, self._budget(budget, mode))
                     rows.append({"mode": mode, "budget": budget, **row})
+                    if self.write_episodes:  # otherwise no setting's episodes outlive it
+                        episodes[mode, budget] = played
         record = {"step": trainer.global_step, "tasks": self.tasks_spec, "n_tasks": len(tasks),
                   "granularity": self.granularity, "horizon": self.horizon, "rows": rows}
         self.history.append(record)
         self._log(trainer, rows)
-        self._write(trainer, record, episodes if self.write_episodes else {})
+        self._write(trainer, record, episodes)
         return record
 
     def _budget(self, budget: int, mode: str) -> PrivateRehearsal:
