@@ -26,13 +26,19 @@ def test_slow_bf16_on_the_cpu_falls_back_with_one_warning(caplog: pytest.LogCapt
     with caplog.at_level(logging.WARNING, logger="envace.cpu_precision"):
         assert resolve_cpu_precision("bf16-mixed", "cpu", slowdown=30.0) == FALLBACK == "32-true"
     (record,) = caplog.records
-    assert "precision bf16-mixed -> 32-true" in record.getMessage() and "30x" in record.getMessage()
+    assert "precision bf16-mixed -> 32-true" in record.getMessage() and "30.0x" in record.getMessage()
 
 
 def test_fast_bf16_and_other_devices_are_kept(monkeypatch) -> None:
     monkeypatch.setattr(cpu_precision, "bf16_matmul_slowdown", _no_measure)
-    assert resolve_cpu_precision("bf16-mixed", "cpu", slowdown=0.5) == "bf16-mixed"  # AVX512-BF16 / AMX: faster
+    assert resolve_cpu_precision("bf16-mixed", "cpu", slowdown=0.5) == "bf16-mixed"  # AMX: faster
     assert resolve_cpu_precision("bf16-mixed", "cpu", slowdown=SLOWDOWN_LIMIT) == "bf16-mixed"
+
+
+def test_bf16_slower_than_float32_falls_back_even_with_avx512_bf16(monkeypatch) -> None:
+    """AVX512-BF16 without AMX measured 1.5x float32's matmul time: slower, so float32 (no kernel is enough)."""
+    monkeypatch.delenv(cpu_precision.KEEP_ENV, raising=False)
+    assert resolve_cpu_precision("bf16-mixed", "cpu", slowdown=1.5) == FALLBACK
     assert resolve_cpu_precision("bf16-mixed", "gpu") == "bf16-mixed"  # no timing: not on the CPU
     assert resolve_cpu_precision("32-true", "cpu") == "32-true"  # no timing: not bf16
 
