@@ -31,7 +31,9 @@ It prints tables and writes the per-entry results as JSON (``--out``). The last 
 pairs for what ran: ``bfcl_<category>`` (``irrelevance`` as ``bfcl_non_live_irrelevance``), the aggregate's
 components and ``bfcl_offline`` (when every component ran), ``tau2_<domain>_<mode>=<pass^1>`` and
 ``tau2_<domain>_<mode>_floor``, ``finmcp_tp/tr/tf1/emr``, ``vita_reward``, ``vita_rubric_score`` and
-``vita_order_match_unofficial``. Runs on the GPU when there is one.
+``vita_order_match_unofficial``. Runs on the GPU when there is one. A progress line goes to stderr as each BFCL
+category and tau^2 domain finishes (``progress: bfcl simple_python 3/5 valid, 16 s``), so a long run that is stopped
+still tells what it measured.
 """
 
 from __future__ import annotations
@@ -65,6 +67,11 @@ BFCL_ROLLOUT = RolloutConfig(act_temperature=0.0, max_turns=200, max_tool_calls=
 TAU2_ROLLOUT = RolloutConfig(act_temperature=0.0, max_turns=30, max_tool_calls=30, max_context_tokens=65536,
                              max_user_turns=30)
 """``tau2.evaluate``'s default budgets."""
+
+def progress(line: str) -> None:
+    """One progress line on stderr, flushed at once (stdout keeps the report and its ``SUMMARY`` last line)."""
+    print(f"progress: {line}", file=sys.stderr, flush=True)  # noqa: T201
+
 
 def check_category(category: str) -> None:
     """Refuse a category no harness runs: the harness's own refusal for network ones, else the valid list."""
@@ -170,6 +177,8 @@ def run_bfcl(categories: list[str], engine: Any, tokenizer: Any, args: argparse.
             results[category] = run_single_turn(category, engine, tokenizer, args.bfcl_limit,
                                                 args.act_max_new_tokens or 1024)
         results[category]["seconds"] = time.perf_counter() - start
+        r = results[category]
+        progress(f"bfcl {category} {sum(r['valid'].values())}/{r['entries']} valid, {r['seconds']:.0f} s")
     aggregate = bfcl_ast.offline_aggregate({c: r["accuracy"] for c, r in results.items()},
                                            {c: r["entries"] for c, r in results.items()})
     return {"categories": results, "aggregate": aggregate}
@@ -196,7 +205,10 @@ def run_tau2(domain: str, engine: Any, tokenizer: Any, user: Any, args: argparse
                                trials=args.tau2_trials, rehearsal=budget, selector=selector)
     out = {k: result[k] for k in ("pass_hat", "floor", "rewards", "failed")}
     out["user_model"] = "none (solo)" if args.tau2_mode == "solo" else describe_model(user)
-    return {**out, "tasks": len(tasks), "seconds": time.perf_counter() - start}
+    seconds = time.perf_counter() - start
+    progress(f"tau2 {domain} {args.tau2_mode} pass^1 {_f(out['pass_hat'].get(1))} on {len(tasks)} tasks, "
+             f"floor {_f(out['floor'])}, {seconds:.0f} s")
+    return {**out, "tasks": len(tasks), "seconds": seconds}
 
 
 def run_finmcp(engine: Any, tokenizer: Any, args: argparse.Namespace) -> dict[str, Any]:

@@ -207,7 +207,12 @@ def test_evaluate_policy_engines_agree_and_a_template_can_be_set(tiny_dir: str, 
     for engine in ("cached", "hf"):
         module.main(["--model", "tiny", "--bfcl-categories", "multi_turn_base", "--bfcl-limit", "1", "--tau2-limit",
                      "1", "--act-max-new-tokens", "4", "--engine", engine, "--out", str(tmp_path / f"{engine}.json")])
-        summaries.append(capsys.readouterr().out.strip().splitlines()[-1])
+        captured = capsys.readouterr()
+        summaries.append(captured.out.strip().splitlines()[-1])
+        progress = [line for line in captured.err.splitlines() if line.startswith("progress: ")]
+        assert re.fullmatch(r"progress: bfcl multi_turn_base [01]/1 valid, \d+ s", progress[0]), progress
+        assert re.fullmatch(r"progress: tau2 telecom solo pass\^1 [01]\.000 on 1 tasks, floor \d\.\d{3}, \d+ s",
+                            progress[-1]), progress
     assert summaries[0] == summaries[1]  # greedy: the same tokens from either engine
     from envace.policy.templates import load_chat_template
     from envace.rollout.kv_engine import CachedEngine
