@@ -4,7 +4,7 @@ A CPU with AMX runs bf16 matmuls about twice as fast as float32, which is why th
 ``precision: bf16-mixed``. A CPU without them (AVX2 only, many laptops and cloud machines) sends every bf16 matmul to
 ATen's scalar reference loop instead: measured here, a 2048x576 by 576x1536 product took 3.1 s in bf16 against 0.10 s
 in float32, so a SmolLM2 SFT step that takes 30 s on one machine did not finish in 15 minutes on the other. A CPU with
-AVX512-BF16 but no AMX sits between: measured on such a Xeon, a bf16 matmul took 1.2-1.5x the float32 time and
+AVX512-BF16 but no AMX sits between: measured on such a Xeon, a bf16 matmul took 1.1-1.5x the float32 time and
 SmolLM2's forward + backward ran at 130 (bf16-true) and 108 (bf16-mixed) against 163 tokens/s in float32, so bf16 is
 kept only where it is faster. Whether a CPU has such a kernel is not one flag (oneDNN also emulates bf16 on plain
 AVX512, and ``ONEDNN_MAX_CPU_ISA`` can cap it), so envace measures it: a small bf16 and float32 matmul, timed.
@@ -28,7 +28,7 @@ logger = logging.getLogger("envace.cpu_precision")
 SLOWDOWN_LIMIT = 1.0
 """bf16 matmuls slower than float32 by more than this factor fall back.
 
-Measured: about 0.5 with AMX, 1.2-1.5 with AVX512-BF16 alone (where SmolLM2 trains 1.3-1.5x slower in bf16), 13-73
+Measured: about 0.5 with AMX, 1.1-1.5 with AVX512-BF16 alone (where SmolLM2 trains 1.3-1.5x slower in bf16), 13-73
 with AVX2 only. Each lies on one side of 1.0 in every measurement so far.
 """
 KEEP_ENV = "ENVACE_CPU_BF16"

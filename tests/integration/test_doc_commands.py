@@ -362,6 +362,10 @@ class _Planned(Exception):  # noqa: N818
     """Raised when a study has validated its arguments and built its job plan."""
 
 
+PYTEST = '.venv/bin/python -m pytest -n "${ENVACE_TEST_WORKERS:-2}" --dist loadfile'
+"""What scripts/test.sh ends by executing (with its arguments)."""
+
+
 def bash_syntax(executes: str = "") -> Callable[[Path, list[str]], None]:
     """A check: the script passes ``bash -n`` and (optionally) its last command executes ``executes`` with "$@"."""
     def check(ws: Path, words: list[str]) -> None:
@@ -565,9 +569,9 @@ REGISTRY: dict[str, Entry] = {
        f"--model.init_args.optimizer.init_args.lr=1.0e-4 --data.train_tasks=builtin:{domain}:2000 "
        f"--trainer.default_root_dir=runs/smollm2_{domain}": parse_only(
            "checks", config_check(), f"{minutes} minutes on 2 cores; checked: parses and instantiates without weights")
-       for domain, steps, minutes in (("bank", 50, 71), ("desk", 40, 37))},
+       for domain, steps, minutes in (("bank", 50, 39), ("desk", 40, 26))},
     **{f".venv/bin/python benchmarks/fidelity_per_tool.py {domain}=runs/smollm2_{domain}/policy --tasks "
-       f"builtin:{domain}-test:64 --dtype float32 --think --max-new-tokens 128 --misses runs/misses": parse_only(
+       f"builtin:{domain}-test --dtype float32 --think --max-new-tokens 128 --misses runs/misses": parse_only(
            "checks", script_parses(), "needs the SmolLM2 warm start (the entries above); checked: parses, and "
            "tests/unit/test_benchmark_scripts.py runs the script, --misses included, on the tiny policy")
        for domain in ("bank", "desk")},
@@ -585,6 +589,18 @@ REGISTRY: dict[str, Entry] = {
     "--trainer.callbacks.batch_size=16": parse_only(
         "checks", config_check(), "needs the SmolLM2 warm start; checked: parses and instantiates without weights "
         "(tests/integration/test_rehearsal_budget_callback.py runs the callback on the tiny config)"),
+    **{".venv/bin/envace test --config lit_configs/smollm2_rl.yaml --model.policy.init_args.name_or_path=runs/"
+       "smollm2_bank/policy --data.test_tasks=builtin:bank-test:1 --model.eval_imagined=false "
+       "--model.eval_fidelity=false --trainer.callbacks+=callbacks.rehearsal_budget.RehearsalBudgetAblation "
+       f"--trainer.callbacks.budgets={budgets} --trainer.callbacks.modes=[parallel] --trainer.callbacks.batch_size=16 "
+       f"--trainer.callbacks.limit=32 --trainer.callbacks.write_episodes=true{selector} "
+       f"--trainer.default_root_dir=runs/budget_{name}": parse_only(
+           "checks", config_check(), "needs the SmolLM2 warm start; checked: parses and instantiates without weights "
+           "(tests/integration/test_rehearsal_budget_callback.py runs the callback, written episodes included, on the "
+           "tiny config; tests/unit/test_private_rehearsal.py tests MajorityCommit)")
+       for name, budgets, selector in (
+           ("memory", "[0,2]", ""),
+           ("majority", "[2]", " --trainer.callbacks.selector=envace.private_rehearsal.MajorityCommit"))},
     **{".venv/bin/envace fit --config lit_configs/smollm2_rl.yaml --model.policy.init_args.name_or_path=runs/"
        "smollm2_bank/policy --trainer.max_steps=8 --trainer.limit_val_batches=0 "
        f"--trainer.default_root_dir=runs/rl_{arm}{world}": parse_only(
@@ -673,10 +689,10 @@ REGISTRY: dict[str, Entry] = {
         "checks", config_check("--config", "lit_configs/tiny.yaml"),
         "Lightning runs FSDPStrategy on GPUs only (tests/gpu/test_fsdp_gpu.py); checked: the override parses"),
     "scripts/test.sh": parse_only(
-        "checks", bash_syntax(".venv/bin/python -m pytest"), "it runs this suite (recursion); checked: bash -n, and "
+        "checks", bash_syntax(PYTEST), "it runs this suite (recursion); checked: bash -n, and "
         "it executes pytest with its arguments"),
     "scripts/test.sh tests/unit -x": parse_only(
-        "checks", bash_syntax(".venv/bin/python -m pytest"), "as scripts/test.sh: the suite itself"),
+        "checks", bash_syntax(PYTEST), "as scripts/test.sh: the suite itself"),
     "scripts/setup_env.sh": parse_only(
         "checks", bash_syntax(), "creates and installs the venv (network); checked: bash -n"),
     "scripts/lock.sh": parse_only(
