@@ -68,6 +68,7 @@ TAU2_ROLLOUT = RolloutConfig(act_temperature=0.0, max_turns=30, max_tool_calls=3
                              max_user_turns=30)
 """``tau2.evaluate``'s default budgets."""
 
+
 def progress(line: str) -> None:
     """One progress line on stderr, flushed at once (stdout keeps the report and its ``SUMMARY`` last line)."""
     print(f"progress: {line}", file=sys.stderr, flush=True)  # noqa: T201

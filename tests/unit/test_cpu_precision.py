@@ -33,14 +33,14 @@ def test_fast_bf16_and_other_devices_are_kept(monkeypatch) -> None:
     monkeypatch.setattr(cpu_precision, "bf16_matmul_slowdown", _no_measure)
     assert resolve_cpu_precision("bf16-mixed", "cpu", slowdown=0.5) == "bf16-mixed"  # AMX: faster
     assert resolve_cpu_precision("bf16-mixed", "cpu", slowdown=SLOWDOWN_LIMIT) == "bf16-mixed"
+    assert resolve_cpu_precision("bf16-mixed", "gpu") == "bf16-mixed"  # no timing: not on the CPU
+    assert resolve_cpu_precision("32-true", "cpu") == "32-true"  # no timing: not bf16
 
 
 def test_bf16_slower_than_float32_falls_back_even_with_avx512_bf16(monkeypatch) -> None:
     """AVX512-BF16 without AMX measured 1.5x float32's matmul time: slower, so float32 (no kernel is enough)."""
     monkeypatch.delenv(cpu_precision.KEEP_ENV, raising=False)
     assert resolve_cpu_precision("bf16-mixed", "cpu", slowdown=1.5) == FALLBACK
-    assert resolve_cpu_precision("bf16-mixed", "gpu") == "bf16-mixed"  # no timing: not on the CPU
-    assert resolve_cpu_precision("32-true", "cpu") == "32-true"  # no timing: not bf16
 
 
 def test_keep_env_keeps_bf16(monkeypatch, caplog: pytest.LogCaptureFixture) -> None:
