@@ -23,6 +23,7 @@ Config::
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,9 @@ import lightning as L
 from lightning.pytorch.utilities import rank_zero_only
 
 from envace.private_rehearsal import Granularity, PrivateRehearsal, Selector
+from envace.progress import format_duration
+
+progress = logging.getLogger("envace.progress")
 
 MODES = ("parallel", "sequential")
 
@@ -123,35 +127,45 @@ class RehearsalBudgetAblation(L.Callback):
     # -- the ablation -----------------------------------------------------------------------------------------------
 
     def evaluate(self, trainer: L.Trainer, pl_module: Any) -> dict[str, Any]:
-        """Run every (mode, budget); log the curves, write the files, return the record."""
+        """Run every (mode, budget); log the curves, write the files, return the record.
+
+        The files are rewritten after each setting (the record marked ``"complete": false`` until the last one), and
+        a progress line is logged as each chunk of tasks finishes, so a stopped run keeps what it measured.
+        """
         import torch
 
+        from envace.progress import ensure_handler
         from envace.task_sets import load_task_set
 
+        ensure_handler()
         tasks = load_task_set(self.tasks_spec)[: self.limit]
         pl_module._bind_worlds()
-        rows: list[dict[str, Any]] = []
-        episodes: dict[tuple[str, int], list[Any]] = {}
+        record: dict[str, Any] = {"step": trainer.global_step, "tasks": self.tasks_spec, "n_tasks": len(tasks),
+                                  "granularity": self.granularity, "horizon": self.horizon, "rows": [],
+                                  "complete": False}
+        settings = [(mode, budget) for mode in self.modes for budget in self.budgets]
         with torch.no_grad():
-            plain = self._run(pl_module, tasks, PrivateRehearsal(0))
-            for mode in self.modes:
-                for budget in self.budgets:
-                    row, played = plain if budget == 0 else self._run(pl_module, tasks, self._budget(budget, mode))
-                    rows.append({"mode": mode, "budget": budget, **row})
-                    if self.write_episodes:  # otherwise no setting's episodes outlive it
-                        episodes[mode, budget] = played
-        record = {"step": trainer.global_step, "tasks": self.tasks_spec, "n_tasks": len(tasks),
-                  "granularity": self.granularity, "horizon": self.horizon, "rows": rows}
+            plain = self._run(pl_module, tasks, PrivateRehearsal(0), "plain acting") if 0 in self.budgets else None
+            for index, (mode, budget) in enumerate(settings):
+                if budget == 0 and plain is not None:
+                    row, played = plain
+                else:
+                    row, played = self._run(pl_module, tasks, self._budget(budget, mode), f"{mode} budget {budget}")
+                record["rows"].append({"mode": mode, "budget": budget, **row})
+                record["complete"] = index == len(settings) - 1
+                self._write(trainer, record, {(mode, budget): played} if self.write_episodes else {})
         self.history.append(record)
-        self._log(trainer, rows)
-        self._write(trainer, record, episodes)
+        self._log(trainer, record["rows"])
         return record
 
     def _budget(self, budget: int, mode: str) -> PrivateRehearsal:
         return PrivateRehearsal(budget, mode, self.granularity, self.horizon, self.temperature)  # type: ignore[arg-type]
 
-    def _run(self, module: Any, tasks: list[Any], rehearsal: PrivateRehearsal) -> tuple[dict[str, float], list[Any]]:
+    def _run(self, module: Any, tasks: list[Any], rehearsal: PrivateRehearsal,
+             name: str) -> tuple[dict[str, float], list[Any]]:
         """One setting: greedy committed turns in the evaluation world, attempts sampled under ``seed``."""
+        import time
+
         import torch
 
         from envace.rollout.rehearsing import RehearsingRunner
@@ -161,12 +175,16 @@ class RehearsalBudgetAblation(L.Callback):
         config = replace(module.evaluator.rollout)
         runner = RehearsingRunner(module.tokenizer, config, rehearsal, module.prompter, self.selector)
         size = self.batch_size or max(len(tasks), 1)
-        episodes = []
+        episodes: list[Any] = []
+        started = time.monotonic()
         for start in range(0, len(tasks), size):  # chunks in order, the sampler's state carried across them
             chunk = tasks[start : start + size]
-            episodes += runner.run(chunk, list(range(len(chunk))), module.act_engine, module.evaluator.world,
-                                   module.rehearse_engine, user=module.user)
-        score_episodes(episodes, module.rewards)
+            played = runner.run(chunk, list(range(len(chunk))), module.act_engine, module.evaluator.world,
+                                module.rehearse_engine, user=module.user)
+            score_episodes(played, module.rewards)
+            episodes += played
+            if trainer_is_zero(module):
+                progress.info(progress_line(name, episodes, len(tasks), time.monotonic() - started))
         n = max(len(episodes), 1)
         return {
             "success": sum(float(e.success) for e in episodes) / n,
@@ -189,6 +207,7 @@ class RehearsalBudgetAblation(L.Callback):
 
     @rank_zero_only
     def _write(self, trainer: L.Trainer, record: dict[str, Any], episodes: dict[tuple[str, int], list[Any]]) -> None:
+        """The record so far (JSON, table, plot) and the given settings' episodes."""
         from callbacks.episode_writer import episode_record
 
         root = Path(self.output_dir or Path(trainer.log_dir or trainer.default_root_dir) / "rehearsal_budget")
@@ -202,10 +221,28 @@ class RehearsalBudgetAblation(L.Callback):
             (root / f"{name}_{mode}_b{budget}.jsonl").write_text(lines, encoding="utf-8")
 
 
+def trainer_is_zero(module: Any) -> bool:
+    """Whether this process logs: rank zero, or no trainer attached."""
+    trainer = getattr(module, "_trainer", None)
+    return trainer is None or bool(trainer.is_global_zero)
+
+
+def progress_line(name: str, episodes: list[Any], total: int, elapsed: float) -> str:
+    """``rehearsal budget, parallel budget 2: 32/256 tasks | success 0.969 | 1m05s elapsed, about 7m35s left``."""
+    done = len(episodes)
+    success = sum(float(e.success) for e in episodes) / max(done, 1)
+    timing = f"{format_duration(elapsed)} elapsed"
+    if 0 < done < total:
+        timing += f", about {format_duration(elapsed / done * (total - done))} left"
+    return f"rehearsal budget, {name}: {done}/{total} tasks | success {success:.3f} | {timing}"
+
+
 def markdown(record: dict[str, Any]) -> str:
     """The ablation as a Markdown table."""
     lines = [f"Private rehearsal budget at step {record['step']} ({record['n_tasks']} tasks of {record['tasks']}; "
-             f"{record['granularity']} granularity, horizon {record['horizon']})", "",
+             f"{record['granularity']} granularity, horizon {record['horizon']})"
+             + ("" if record.get("complete", True) else "; incomplete: the run has not finished every setting yet"),
+             "",
              "| mode | budget | real success | rehearsal tokens / episode | attempts / episode | real calls | "
              "real calls in rehearsal |", "|---|---|---|---|---|---|---|"]
     for r in record["rows"]:

@@ -4,6 +4,7 @@ the budget is spent exactly, rehearsal makes no real call, and the curve, table,
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from pathlib import Path
 from unittest import mock
@@ -75,3 +76,51 @@ def test_bad_settings_are_refused_by_name() -> None:
         RehearsalBudgetAblation(budgets=[-1])
     with pytest.raises(ValueError, match="granularity: 'turn'"):
         RehearsalBudgetAblation(granularity="turn")  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+def test_a_stopped_ablation_keeps_the_settings_it_finished(tmp_path: Path, scripted_act: None,
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    from callbacks.rehearsal_budget import RehearsalBudgetAblation
+
+    real_budget = RehearsalBudgetAblation._budget
+
+    def stop_at_two(self: RehearsalBudgetAblation, budget: int, mode: str) -> object:
+        if budget == 2:
+            raise KeyboardInterrupt("stopped by the user")
+        return real_budget(self, budget, mode)
+
+    callback = json.dumps([{"class_path": "callbacks.rehearsal_budget.RehearsalBudgetAblation",
+                            "init_args": {"tasks": "builtin:bank-test", "limit": 3, "budgets": [0, 1, 2],
+                                          "modes": ["parallel"], "horizon": 1, "batch_size": 2,
+                                          "write_episodes": True, "output_dir": str(tmp_path / "ablation")}}])
+    args = ["test", "--config", TINY, f"--trainer.default_root_dir={tmp_path}", f"--trainer.callbacks={callback}",
+            "--trainer.limit_test_batches=1", "--data.test_tasks=builtin:bank-test:2",
+            "--model.rollout.rehearse_max_new_tokens=8"]
+    caplog.set_level(logging.INFO, logger="envace.progress")
+    with (mock.patch.object(sys, "argv", ["envace"]),
+          mock.patch.object(RehearsalBudgetAblation, "_budget", stop_at_two),
+          pytest.raises((KeyboardInterrupt, SystemExit))):
+        main(args)
+    root = tmp_path / "ablation"
+    record = json.loads((root / "rehearsal_budget_step0.json").read_text())
+    assert record["complete"] is False and [r["budget"] for r in record["rows"]] == [0, 1]
+    assert "incomplete" in (root / "rehearsal_budget_step0.md").read_text()
+    written = sorted(p.name for p in root.glob("*.jsonl"))
+    assert written == [f"rehearsal_budget_step0_parallel_b{b}.jsonl" for b in (0, 1)]
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("rehearsal budget, ")]
+    assert [line.split(" |")[0] for line in lines] == [  # one line per chunk of 2 tasks
+        "rehearsal budget, plain acting: 2/3 tasks", "rehearsal budget, plain acting: 3/3 tasks",
+        "rehearsal budget, parallel budget 1: 2/3 tasks", "rehearsal budget, parallel budget 1: 3/3 tasks"]
+    assert "about" in lines[0] and "about" not in lines[1]  # time left while tasks remain
+
+
+def test_the_progress_line_counts_tasks_success_and_time_left() -> None:
+    from types import SimpleNamespace
+
+    from callbacks.rehearsal_budget import progress_line
+
+    episodes = [SimpleNamespace(success=s) for s in (True, False, True, True)]
+    assert progress_line("parallel budget 2", episodes, 16, 65.0) == (
+        "rehearsal budget, parallel budget 2: 4/16 tasks | success 0.750 | 1m05s elapsed, about 3m15s left")
+    assert progress_line("plain acting", episodes, 4, 9.4).endswith("4/4 tasks | success 0.750 | 9s elapsed")
