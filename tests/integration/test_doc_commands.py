@@ -601,6 +601,18 @@ REGISTRY: dict[str, Entry] = {
        for name, budgets, selector in (
            ("memory", "[0,2]", ""),
            ("majority", "[2]", " --trainer.callbacks.selector=envace.private_rehearsal.MajorityCommit"))},
+    **{".venv/bin/envace test --config lit_configs/smollm2_rl.yaml --model.policy.init_args.name_or_path=runs/"
+       f"smollm2_bank/policy --data.test_tasks=builtin:bank-{split}:1 --model.eval_imagined=false "
+       "--model.eval_fidelity=false --trainer.callbacks+=callbacks.rehearsal_budget.RehearsalBudgetAblation "
+       f"{tasks}--trainer.callbacks.budgets={budgets} --trainer.callbacks.modes=[parallel] "
+       f"--trainer.callbacks.batch_size=16 --trainer.callbacks.limit={limit} --trainer.callbacks.write_episodes=true "
+       f"--trainer.callbacks.selector=envace.private_rehearsal.MajorityCommit --trainer.default_root_dir=runs/{root}":
+       parse_only("checks", config_check(), f"{minutes} minutes on 2 cores, needs the SmolLM2 warm start; checked: "
+                  "parses and instantiates without weights (tests/integration/test_rehearsal_budget_callback.py runs "
+                  "the callback on the tiny config)")
+       for split, tasks, budgets, limit, root, minutes in (
+           ("test", "", "[0,2,4]", 256, "budget256_majority", 81),
+           ("heldout", "--trainer.callbacks.tasks=builtin:bank-heldout ", "[2]", 128, "budget_heldout", 19))},
     **{".venv/bin/envace fit --config lit_configs/smollm2_rl.yaml --model.policy.init_args.name_or_path=runs/"
        "smollm2_bank/policy --trainer.max_steps=8 --trainer.limit_val_batches=0 "
        f"--trainer.default_root_dir=runs/rl_{arm}{world}": parse_only(
@@ -629,7 +641,10 @@ REGISTRY: dict[str, Entry] = {
             "simple_python multiple --bfcl-limit 5 --tau2-domains"),
            ("models/smollm2-135m-instruct --chat-template chatml-tools",
             "parallel irrelevance --bfcl-limit 5 --tau2-domains telecom --tau2-limit 2"),
-           ("runs/smollm2_bank/policy", "simple_python multiple --bfcl-limit 5 --tau2-domains"))},
+           ("runs/smollm2_bank/policy", "simple_python multiple --bfcl-limit 5 --tau2-domains"),
+           ("runs/smollm2_bank/policy", "parallel irrelevance --bfcl-limit 5 --tau2-domains"),
+           ("runs/smollm2_bank/policy", "multi_turn_base --bfcl-limit 2 --tau2-domains"),
+           ("runs/smollm2_bank/policy", "--tau2-domains telecom --tau2-limit 2"))},
     # The smoke config, its checkpoint resumed and exported, the export evaluated.
     TINY_YAML: run("tiny", *TINY_FIT, check=expect_files("runs/tiny/**/last.ckpt")),
     "envace fit --ckpt_path=last": run(
