@@ -255,8 +255,10 @@ class BFCLEnvironment:
 def check_multi_turn(entry: BFCLEntry, calls: list[list[list[PyCall]]]) -> dict[str, Any]:
     """BFCL's verdict on a rollout's calls (``calls[turn][step]``): ``{"valid": bool, ...}``.
 
-    Turns the ground truth leaves empty must have no call (``multi_turn_irrelevance_checker``); every other turn is
-    checked by ``multi_turn_checker``. Only ``canonical_call`` strings reach the checker's ``eval``.
+    The verdict of the pinned ``bfcl_eval`` runner (``eval_runner._evaluate_single_multi_turn_entry``): its
+    ``multi_turn_checker`` alone. The runner imports ``multi_turn_irrelevance_checker`` but never calls it, so calls
+    in a turn whose ground truth is empty (the miss_func / miss_param turns) are executed and fail the entry only
+    through the state they leave for later turns. Only ``canonical_call`` strings reach the checker's ``eval``.
     """
     require_bfcl()
     from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_checker as checker
@@ -266,9 +268,6 @@ def check_multi_turn(entry: BFCLEntry, calls: list[list[list[PyCall]]]) -> dict[
         raise ValueError(f"{entry.id}: {len(calls)} turns of calls for {len(entry.ground_truth)} turns")
     decoded = [[[canonical_call(c) for c in step] for step in turn] for turn in calls]
     truth = [list(turn) for turn in entry.ground_truth]
-    irrelevance = checker.multi_turn_irrelevance_checker(decoded, truth)
-    if not irrelevance["valid"]:
-        return irrelevance
     model_name = f"envace_{uuid.uuid4().hex}"  # BFCL caches instances in module globals, keyed by model name
     try:
         return checker.multi_turn_checker(decoded, truth, entry.raw, entry.category, model_name)

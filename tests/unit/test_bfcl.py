@@ -71,6 +71,27 @@ def test_checker_rejects_a_rollout_missing_a_call() -> None:
     assert check_multi_turn(entry, calls)["error_type"] == "multi_turn:empty_turn_model_response"
 
 
+def test_a_call_in_a_turn_with_empty_ground_truth_gets_the_official_runners_verdict() -> None:
+    # bfcl_eval's runner scores multi-turn entries with multi_turn_checker alone; its irrelevance checker, which
+    # fails any call in a turn the ground truth leaves empty, is imported but never called there
+    from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_checker as official
+
+    judged = 0
+    for entry in load_multi_turn("multi_turn_miss_func", limit=30):
+        empty = [i for i, turn in enumerate(entry.ground_truth) if not turn]
+        if not empty or "GorillaFileSystem" not in entry.raw.get("involved_classes", []):
+            continue
+        calls = gold_calls(entry)
+        calls[empty[0]] = [parse_calls("pwd()")]  # a read-only call where the function is held back
+        decoded = [[[canonical_call(c) for c in step] for step in turn] for turn in calls]
+        truth = [list(turn) for turn in entry.ground_truth]
+        assert not official.multi_turn_irrelevance_checker(decoded, truth)["valid"]  # the rule envace used to apply
+        expected = official.multi_turn_checker(decoded, truth, entry.raw, entry.category, f"official_{entry.id}")
+        assert check_multi_turn(entry, calls)["valid"] == expected["valid"], entry.id
+        judged += 1
+    assert judged >= 3
+
+
 def test_executor_matches_bfcls_on_gold_calls_and_instances_are_fresh() -> None:
     from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils import execute_multi_turn_func_call
 
