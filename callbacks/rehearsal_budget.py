@@ -32,9 +32,10 @@ import lightning as L
 from lightning.pytorch.utilities import rank_zero_only
 
 from envace.private_rehearsal import Granularity, PrivateRehearsal, Selector
-from envace.progress import format_duration
+from envace.progress import elapsed_text, ensure_handler
 
-progress = logging.getLogger("envace.progress")
+report = rank_zero_only(logging.getLogger("envace.progress").info)
+"""A progress line, logged on rank zero only."""
 
 MODES = ("parallel", "sequential")
 
@@ -134,7 +135,6 @@ class RehearsalBudgetAblation(L.Callback):
         """
         import torch
 
-        from envace.progress import ensure_handler
         from envace.task_sets import load_task_set
 
         ensure_handler()
@@ -183,8 +183,7 @@ class RehearsalBudgetAblation(L.Callback):
                                 module.rehearse_engine, user=module.user)
             score_episodes(played, module.rewards)
             episodes += played
-            if trainer_is_zero(module):
-                progress.info(progress_line(name, episodes, len(tasks), time.monotonic() - started))
+            report(progress_line(name, episodes, len(tasks), time.monotonic() - started))
         n = max(len(episodes), 1)
         return {
             "success": sum(float(e.success) for e in episodes) / n,
@@ -221,19 +220,11 @@ class RehearsalBudgetAblation(L.Callback):
             (root / f"{name}_{mode}_b{budget}.jsonl").write_text(lines, encoding="utf-8")
 
 
-def trainer_is_zero(module: Any) -> bool:
-    """Whether this process logs: rank zero, or no trainer attached."""
-    trainer = getattr(module, "_trainer", None)
-    return trainer is None or bool(trainer.is_global_zero)
-
-
 def progress_line(name: str, episodes: list[Any], total: int, elapsed: float) -> str:
     """``rehearsal budget, parallel budget 2: 32/256 tasks | success 0.969 | 1m05s elapsed, about 7m35s left``."""
     done = len(episodes)
     success = sum(float(e.success) for e in episodes) / max(done, 1)
-    timing = f"{format_duration(elapsed)} elapsed"
-    if 0 < done < total:
-        timing += f", about {format_duration(elapsed / done * (total - done))} left"
+    timing = elapsed_text(elapsed, done, total)
     return f"rehearsal budget, {name}: {done}/{total} tasks | success {success:.3f} | {timing}"
 
 

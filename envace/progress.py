@@ -45,6 +45,17 @@ def format_duration(seconds: float) -> str:
     return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
+def elapsed_text(elapsed: float, done: float, total: float) -> str:
+    """``"1m05s elapsed, about 3m15s left"``.
+
+    No estimate before the first unit is done, after the last, or when the total is unknown (``inf``).
+    """
+    text = f"{format_duration(elapsed)} elapsed"
+    if math.isfinite(total) and 0 < done < total:
+        text += f", about {format_duration(elapsed / done * (total - done))} left"
+    return text
+
+
 @dataclass
 class _Stage:
     """The stage being reported: its name, how far it is, and when it started."""
@@ -149,9 +160,7 @@ class ProgressLines(L.Callback):
             percent = 100 * stage.done / stage.total if stage.total else 100
             parts[0] += f"/{int(stage.total)} ({percent:.0f}%)"
         shown = [f"{k} {v:.3f}" for k, v in metrics.items()][: self.max_metrics]
-        timing = f"{format_duration(elapsed)} elapsed"
-        if math.isfinite(stage.total) and 0 < stage.done < stage.total:
-            timing += f", about {format_duration(elapsed / stage.done * (stage.total - stage.done))} left"
+        timing = elapsed_text(elapsed, stage.done, stage.total)
         return " | ".join([parts[0], *([" ".join(shown)] if shown else []), timing])
 
     def _start(self, trainer: L.Trainer, name: str, done: int, total: float, unit: str) -> None:
