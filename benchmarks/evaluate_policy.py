@@ -61,12 +61,13 @@ from envace.rollout.runner import RolloutConfig  # noqa: E402
 OFFLINE_BFCL = [*bfcl.MULTI_TURN, *bfcl_ast.SINGLE_TURN]
 """The default categories: every BFCL-v4 category that runs offline."""
 
-BFCL_ROLLOUT = RolloutConfig(act_temperature=0.0, max_turns=200, max_tool_calls=400, max_context_tokens=32768)
-"""``bfcl.evaluate_multi_turn``'s default budgets (it adds BFCL's 20 steps per user turn)."""
+BFCL_ROLLOUT = RolloutConfig(act_temperature=0.0, max_turns=100_000, max_tool_calls=100_000,
+                             max_context_tokens=32768)
+"""``bfcl.evaluate_multi_turn``'s default budgets: none below BFCL's own loop (21 steps per turn), a 32k context."""
 
-TAU2_ROLLOUT = RolloutConfig(act_temperature=0.0, max_turns=30, max_tool_calls=30, max_context_tokens=65536,
-                             max_user_turns=30)
-"""``tau2.evaluate``'s default budgets."""
+TAU2_ROLLOUT = RolloutConfig(act_temperature=0.0, max_turns=tau2.MAX_STEPS, max_tool_calls=100_000,
+                             max_context_tokens=65536)
+"""``tau2.evaluate``'s default budgets: none below the Orchestrator's own limits (200 steps, 10 errors)."""
 
 
 def progress(line: str) -> None:
@@ -75,11 +76,10 @@ def progress(line: str) -> None:
 
 
 def check_category(category: str) -> None:
-    """Refuse a category no harness runs: the harness's own refusal for network ones, else the valid list."""
+    """Refuse a category no harness runs: with its reason (``bfcl.NOT_RUN``), else the valid list."""
     if category in bfcl.MULTI_TURN or category in bfcl_ast.SINGLE_TURN:
         return
-    if category in bfcl.NEEDS_NETWORK:
-        bfcl_ast.load_single_turn(category, limit=0)  # raises: envace's harnesses run offline
+    bfcl.refuse_not_run(category)
     raise ValueError(f"unknown BFCL category '{category}'; valid: {', '.join(OFFLINE_BFCL)}")
 
 

@@ -18,10 +18,17 @@
   on a fresh environment, must earn the full reward; the do-nothing policy earns the benchmark's floor (refusal tasks
   pass without any call), which is printed next to it.
 
-Run from the repository root: ``.venv/bin/python benchmarks/harness_check.py [--bfcl-limit N] [--tau2-split base]``
-(``--bfcl-limit`` applies to multi-turn and single-turn categories alike). It prints a table per check; the last line
-is ``SUMMARY bfcl_multi_turn_gold=<f> tau2_gold=<f> tau2_null=<f>`` (means over the BFCL multi-turn categories and
-over the tau^2 domains; the single-turn gold pass rates are printed above it).
+- **Parity with the official runners** (``envace.benchmarks.parity``): gold answers and perturbations of every kind
+  the official loops treat specially (wrong values, missing, extra and reordered calls, over-long turns, excluded and
+  held-back functions, off-format output, plain-text endings, step and error limits), on a sample of entries of every
+  BFCL category envace scores and of every tau^2 domain in solo and user mode, each scored by envace's harness and by
+  the official code (bfcl-eval's ``evaluate_task`` on envace's episodes written as result files; tau^2's
+  Orchestrator and ``evaluate_simulation`` replaying the same script). Every disagreement is listed.
+
+Run from the repository root: ``.venv/bin/python benchmarks/harness_check.py [--bfcl-limit N] [--tau2-split base]
+[--no-parity]`` (``--bfcl-limit`` applies to multi-turn and single-turn categories alike). It prints a table per check;
+the last line is ``SUMMARY bfcl_multi_turn_gold=<f> tau2_gold=<f> tau2_null=<f> parity=<agreeing>/<cases>`` (means
+over the BFCL multi-turn categories and over the tau^2 domains; the single-turn gold pass rates are printed above it).
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from envace.benchmarks import bfcl, bfcl_ast, tau2  # noqa: E402
+from envace.benchmarks import bfcl, bfcl_ast, parity, tau2  # noqa: E402
 from envace.fidelity import score_response  # noqa: E402
 from envace.policy import TinyPolicy  # noqa: E402  (its tokenizer renders the gold policy's prompts)
 
@@ -113,11 +120,37 @@ def tau2_rows(split: str) -> list[tuple[str, int, float, float, float]]:
     return rows
 
 
+def parity_lines() -> tuple[list[str], int, int]:
+    """The parity check as a table per benchmark and category, then every disagreement; ``(lines, agree, cases)``."""
+    _, tokenizer = TinyPolicy().build()
+    groups: dict[tuple[str, str], list[parity.Verdict]] = {}
+    seconds: dict[tuple[str, str], float] = {}
+    for case in parity.cases():
+        start = time.perf_counter()
+        key = (case.benchmark, case.category)
+        groups.setdefault(key, []).append(parity.run_case(case, tokenizer))
+        seconds[key] = seconds.get(key, 0.0) + time.perf_counter() - start
+    lines = ["| parity: benchmark | category | cases | kinds | envace = official | envace passes | s |",
+             "|---|---|---|---|---|---|---|"]
+    for key, verdicts in groups.items():
+        kinds = len({v.case.kind for v in verdicts})
+        agree = sum(v.agree for v in verdicts)
+        passes = sum(v.envace > 0 for v in verdicts)
+        lines.append(f"| {key[0]} | {key[1]} | {len(verdicts)} | {kinds} | {agree} | {passes} | {seconds[key]:.1f} |")
+    every = [v for vs in groups.values() for v in vs]
+    misses = [f"- {v.case.name}: envace {v.envace} ({v.envace_detail}), official {v.official} ({v.official_detail})"
+              for v in every if not v.agree]
+    if misses:
+        lines += ["", "Disagreements:", *misses]
+    return lines, sum(v.agree for v in every), len(every)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Command line."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bfcl-limit", type=int, default=None, help="entries per BFCL category (default: all)")
     parser.add_argument("--tau2-split", default="base", choices=tau2.SPLITS)
+    parser.add_argument("--no-parity", action="store_true", help="skip the check against the official runners")
     args = parser.parse_args(argv)
     lines = ["| BFCL-v4 multi-turn category | entries | gold calls valid (BFCL checker) | gold policy through the "
              "rollout | fidelity EM, real env as rehearser | s |", "|---|---|---|---|---|---|"]
@@ -128,11 +161,16 @@ def main(argv: list[str] | None = None) -> None:
               "|---|---|---|---|---|"]
     tau2_result = tau2_rows(args.tau2_split)
     lines += [f"| {d} | {n} | {g:.3f} | {z:.3f} | {s:.1f} |" for d, n, g, z, s in tau2_result]
+    agree_text = ""
+    if not args.no_parity:
+        parity_table, agree, total = parity_lines()
+        lines += ["", *parity_table]
+        agree_text = f" parity={agree}/{total}"
     print("\n".join(lines))  # noqa: T201
     print(  # noqa: T201
         f"SUMMARY bfcl_multi_turn_gold={statistics.fmean(r[2] for r in bfcl_result):.3f} "
         f"tau2_gold={statistics.fmean(r[2] for r in tau2_result):.3f} "
-        f"tau2_null={statistics.fmean(r[3] for r in tau2_result):.3f}"
+        f"tau2_null={statistics.fmean(r[3] for r in tau2_result):.3f}{agree_text}"
     )
 
 

@@ -321,6 +321,7 @@ class EpisodeStats:
     context_limit: bool = False  # ended by the context cap
     ended_by_error: bool = False  # ended because an error was configured to end the episode
     tool_timeouts: int = 0  # real tool calls that exceeded the world's tool timeout (answered with an error)
+    stop_reason: str = ""  # ended by the loop rules of a benchmark's own inference loop (envace.rollout.rules)
     failed: bool = False  # infrastructure failure (environment, world or reward raised): no training rows, no reward
     failure: str = ""  # the first failure's cause (component, exception type and message)
 
@@ -357,6 +358,8 @@ class Episode:
         private_memory: ``(act turn, memory text)`` for each committed act turn that private rehearsal preceded: the
             attempts' calls, rehearsed responses and answers as the act role read them (never in ``messages``: the
             memory is private). Empty without private rehearsal.
+        act_outputs: ``(user turn, text)`` for every committed act turn: the generated text as decoded (stop token
+            removed), before any parsing; what a benchmark's official result file holds.
     """
 
     task: Task
@@ -373,6 +376,7 @@ class Episode:
     call_steps: list[tuple[int, list[ToolCall]]] = field(default_factory=list)
     earlier_act: list[Sample] = field(default_factory=list)
     private_memory: list[tuple[int, str]] = field(default_factory=list)
+    act_outputs: list[tuple[int, str]] = field(default_factory=list)
 
     def act_rows(self) -> list[Sample]:
         """The act role's rows, oldest first (``earlier_act``, then ``act``)."""

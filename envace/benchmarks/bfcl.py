@@ -8,9 +8,13 @@ vehicle, messages, posting, tickets, math). envace never ``eval``s model output:
 - ``BFCLEnvironment`` holds one fresh instance of each involved class per rollout and calls the method by name
   (``getattr`` on a public method of an involved class), serialising results as BFCL does;
 - converted tasks (``to_task``) name ``BFCLToolbox`` as their environment, so envace's ``RealWorld`` runs them;
-- scoring uses BFCL's ``multi_turn_checker`` (state check and response check per turn, as the benchmark authors
-  score it). That checker ``eval``s call strings, so it only ever gets ``canonical_call`` strings rebuilt from parsed,
-  literal-only calls; its module-level instance cache is cleared after every check.
+- policies run under BFCL's own inference loop (``envace.benchmarks.bfcl_loop``: bfcl-eval's decoder for the
+  ``<tool_call>`` format, every decoded call executed, the force-quit after a turn's 21st step), and each episode is
+  scored as the pinned ``eval_runner`` scores it: ``multi_turn:force_terminated`` when it answered fewer turns than
+  the entry has, otherwise BFCL's ``multi_turn_checker`` (state check and response check per turn). That checker
+  ``eval``s call strings, so it only ever gets strings rebuilt from parsed calls with identifier names and keys and
+  ``repr`` literals (``canonical_call``, ``bfcl_loop.checker_call``); its module-level instance cache is cleared
+  after every check.
 
 The package is an optional dependency (installed by ``scripts/setup_env.sh``); ``require_bfcl`` names it when it is
 missing. Importing ``bfcl_eval``'s configuration writes folders under ``BFCL_PROJECT_ROOT``, which is pointed at a
@@ -44,6 +48,33 @@ NEEDS_NETWORK = {
     "memory_vector": "its memory backend downloads a sentence-embedding model from a hub when imported",
 }
 """BFCL-v4 agentic categories that cannot run offline, with the reason (the offline aggregate leaves them out)."""
+
+NOT_RUN = {
+    **NEEDS_NETWORK,
+    "memory_kv": "each entry questions a memory that BFCL's prerequisite conversations (memory_prereq_conversation) "
+                 "write to disk first, run one after another as a chain; envace's harness does not run that chain, "
+                 "so it refuses the category rather than score it without the memory",
+    "memory_rec_sum": "each entry questions a memory that BFCL's prerequisite conversations "
+                      "(memory_prereq_conversation) write to disk first, run one after another as a chain; envace's "
+                      "harness does not run that chain, so it refuses the category rather than score it without the "
+                      "memory",
+    "format_sensitivity": "it is not scored (BFCL's NON_SCORING_CATEGORY) and BFCL runs it only for prompting "
+                          "models, re-asking non-live entries with the function docs and answer format written in "
+                          "the prompt; envace's policies are function-calling models (tools through the chat "
+                          "template), for which BFCL skips it too",
+}
+"""Every BFCL-v4 category envace does not run, with the reason (none of them is in the offline aggregate)."""
+
+
+def refuse_not_run(category: str) -> None:
+    """Raise the reason a category in ``NOT_RUN`` is not run (nothing for the others).
+
+    Raises:
+        ValueError: naming the category and why, and that it is left out of the offline score, not counted as 0.
+    """
+    if category in NOT_RUN:
+        raise ValueError(f"BFCL category '{category}' is not run: {NOT_RUN[category]} (it is left out of the offline "
+                         "score, not counted as 0)")
 
 PACKAGE_HINT = "pip install --no-deps bfcl-eval==2026.3.23 (scripts/setup_env.sh installs it with its light needs)"
 
@@ -119,9 +150,7 @@ def load_multi_turn(category: str, ids: list[str] | None = None, limit: int | No
         ValueError: an unknown category or id (the valid ones are listed).
         ImportError: bfcl-eval is not installed.
     """
-    if category in NEEDS_NETWORK:
-        raise ValueError(f"BFCL category '{category}' is not run: {NEEDS_NETWORK[category]}, and envace's benchmark "
-                         "harnesses run offline (it is left out of the offline score, not counted as 0)")
+    refuse_not_run(category)
     if category not in MULTI_TURN:
         raise ValueError(f"unknown BFCL multi-turn category '{category}'; valid: {', '.join(MULTI_TURN)}")
     raws, answers = _category_files(category)
@@ -236,7 +265,11 @@ class BFCLEnvironment:
                     self.methods[method_name] = method
 
     def execute(self, call: PyCall) -> str:
-        """Run one call; an unknown function or a raising tool gives BFCL's ``Error during execution: ...``."""
+        """Run one call; an unknown or refused function, or a raising tool, gives BFCL's ``Error during execution``."""
+        from envace.benchmarks.bfcl_loop import FORBIDDEN_NAMES
+
+        if call.name in FORBIDDEN_NAMES:  # refused by name before anything runs, as BFCL's executor does
+            return f"Error during execution: Function call {call.name} is not allowed."
         method = self.methods.get(call.name)
         if method is None:
             return f"Error during execution: name '{call.name}' is not defined"
@@ -253,20 +286,34 @@ class BFCLEnvironment:
 
 
 def check_multi_turn(entry: BFCLEntry, calls: list[list[list[PyCall]]]) -> dict[str, Any]:
-    """BFCL's verdict on a rollout's calls (``calls[turn][step]``): ``{"valid": bool, ...}``.
+    """BFCL's verdict on parsed calls (``calls[turn][step]``, every turn): ``{"valid": bool, ...}``.
 
-    The verdict of the pinned ``bfcl_eval`` runner (``eval_runner._evaluate_single_multi_turn_entry``): its
-    ``multi_turn_checker`` alone. The runner imports ``multi_turn_irrelevance_checker`` but never calls it, so calls
-    in a turn whose ground truth is empty (the miss_func / miss_param turns) are executed and fail the entry only
-    through the state they leave for later turns. Only ``canonical_call`` strings reach the checker's ``eval``.
+    For gold answers and other ``parse_calls`` output; an episode is scored with ``score_episode``.
+    """
+    if len(calls) != len(entry.ground_truth):
+        raise ValueError(f"{entry.id}: {len(calls)} turns of calls for {len(entry.ground_truth)} turns")
+    return check_decoded(entry, [[[canonical_call(c) for c in step] for step in turn] for turn in calls])
+
+
+def check_decoded(entry: BFCLEntry, decoded: list[list[list[str]]]) -> dict[str, Any]:
+    """The pinned runner's verdict (``eval_runner._evaluate_single_multi_turn_entry``) on call strings per step.
+
+    ``decoded[turn][step]`` holds one step's call strings (``canonical_call`` or ``bfcl_loop.checker_call``: the
+    only forms handed to the checker's ``eval``). Fewer turns than the entry has is BFCL's
+    ``multi_turn:force_terminated``; otherwise ``multi_turn_checker`` alone decides (the runner imports
+    ``multi_turn_irrelevance_checker`` but never calls it, so calls in a turn whose ground truth is empty, the
+    miss_func / miss_param turns, fail the entry only through the state they leave for later turns).
     """
     require_bfcl()
     from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_checker as checker
     from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
 
-    if len(calls) != len(entry.ground_truth):
-        raise ValueError(f"{entry.id}: {len(calls)} turns of calls for {len(entry.ground_truth)} turns")
-    decoded = [[[canonical_call(c) for c in step] for step in turn] for turn in calls]
+    from envace.benchmarks.bfcl_loop import FORCE_TERMINATED
+
+    if len(decoded) != len(entry.ground_truth):
+        return {"valid": False, "error_type": FORCE_TERMINATED,
+                "error_message": [f"{len(decoded)} turns answered of {len(entry.ground_truth)}: the inference was "
+                                  "force-terminated"]}
     truth = [list(turn) for turn in entry.ground_truth]
     model_name = f"envace_{uuid.uuid4().hex}"  # BFCL caches instances in module globals, keyed by model name
     try:
@@ -275,6 +322,17 @@ def check_multi_turn(entry: BFCLEntry, calls: list[list[list[PyCall]]]) -> dict[
         cache_globals = vars(multi_turn_utils)
         for key in [k for k in cache_globals if k.startswith(model_name)]:
             del cache_globals[key]
+
+
+def score_episode(entry: BFCLEntry, episode: Any) -> dict[str, Any]:
+    """BFCL's verdict on an episode run under ``bfcl_loop.BFCLRules``: its executed steps, per user turn reached.
+
+    An episode that failed (``EpisodeStats.failed``: the environment could not run) is invalid, as an inference
+    error is upstream.
+    """
+    if episode.stats.failed:
+        return {"valid": False, "error_type": "multi_turn:inference_error", "error_message": [episode.stats.failure]}
+    return check_decoded(entry, episode_calls(entry, episode))
 
 
 def gold_calls(entry: BFCLEntry) -> list[list[list[PyCall]]]:
@@ -384,38 +442,50 @@ def bind_arguments(env: BFCLEnvironment, call: PyCall) -> dict[str, Any]:
     return dict(bound.arguments)
 
 
-def episode_calls(entry: BFCLEntry, episode: Any) -> list[list[list[PyCall]]]:
-    """An episode's calls as ``[turn][step]`` for the checker (turns the episode never reached are empty)."""
-    turns: list[list[list[PyCall]]] = [[] for _ in entry.ground_truth]
+def episode_calls(entry: BFCLEntry, episode: Any) -> list[list[list[str]]]:
+    """An episode's executed steps as the checker's call strings, ``[turn][step]``, one list per user turn reached.
+
+    Turns past the last one reached are absent (BFCL's force-terminated entries have fewer turns than the entry).
+    """
+    from envace.benchmarks.bfcl_loop import checker_call, turns_reached
+
+    turns: list[list[list[str]]] = [[] for _ in range(min(turns_reached(episode), len(entry.ground_truth)))]
     for turn, calls in episode.call_steps:
-        turns[turn].append([PyCall(c.name, (), tuple(c.arguments.items())) for c in calls])
+        turns[turn].append([checker_call(c) for c in calls])
     return turns
 
 
 def evaluate_multi_turn(entries: list[BFCLEntry], engine: Any, tokenizer: Any, rollout: Any | None = None,
                         rehearsal: Any = None, selector: Any = None) -> dict[str, Any]:
-    """Run a policy on ``entries`` and score each episode with BFCL's checker.
+    """Run a policy on ``entries`` under BFCL's inference loop and score each episode as BFCL's runner does.
 
-    Returns ``{"accuracy": f, "valid": {id: bool}, "episodes": [...]}``. ``engine`` generates the act role (greedy
-    unless ``rollout`` says otherwise). BFCL's inference protocol applies: at most 20 act turns per user turn
-    (``max_steps_per_user_turn``), and arguments are not checked against the schemas (the environment answers).
-    ``rehearsal`` (``envace.private_rehearsal.PrivateRehearsal``) makes the policy rehearse privately before its
-    committed turns, with ``selector`` choosing what it commits; the real environment sees committed calls only.
+    Returns ``{"accuracy": f, "valid": {id: bool}, "errors": {id: BFCL's error type of each failed entry},
+    "results": [official result-file lines], "episodes": [...]}``. ``engine`` generates the act role (greedy unless
+    ``rollout`` says otherwise). The loop is BFCL's (``bfcl_loop.BFCLRules``): bfcl-eval's decoder for envace's
+    ``<tool_call>`` format, every decoded call executed (no schema or name check), and the force-quit of a turn after
+    its 21st step. ``rollout``'s own budgets (turns, calls, context) still apply; an episode they end before its
+    last turn is force-terminated for BFCL. ``rehearsal`` (``envace.private_rehearsal.PrivateRehearsal``) makes the
+    policy rehearse privately before its committed turns, with ``selector`` choosing what it commits; the real
+    environment sees committed calls only.
     """
+    from envace.benchmarks.bfcl_loop import BFCLRules, result_entry
     from envace.rollout.rehearsing import make_runner
     from envace.rollout.runner import RolloutConfig
     from envace.worlds import RealWorld
 
-    config = rollout or RolloutConfig(act_temperature=0.0, max_turns=200, max_tool_calls=400,
+    config = rollout or RolloutConfig(act_temperature=0.0, max_turns=100_000, max_tool_calls=100_000,
                                       max_context_tokens=32768)
-    # BFCL's protocol: at most 20 steps per user turn, and calls reach the environment without a schema check
-    config = replace(config, max_steps_per_user_turn=config.max_steps_per_user_turn or 20, validate_calls=False)
+    # BFCL's loop: no schema or name check before a call runs, and its own step limit (BFCLRules), not the runner's
+    config = replace(config, max_steps_per_user_turn=0, validate_calls=False)
     tasks = [to_task(e) for e in entries]
     world = RealWorld()  # each task's environment is its entry's BFCLToolbox
-    runner = make_runner(tokenizer, config, rehearsal, selector)
+    runner = make_runner(tokenizer, config, rehearsal, selector, rules=BFCLRules())
     episodes = runner.run(tasks, list(range(len(tasks))), engine, world, world_engine=engine)
-    valid = {e.id: bool(check_multi_turn(e, episode_calls(e, ep))["valid"]) for e, ep in zip(entries, episodes)}
-    return {"accuracy": sum(valid.values()) / len(valid) if valid else 0.0, "valid": valid, "episodes": episodes}
+    verdicts = {e.id: score_episode(e, ep) for e, ep in zip(entries, episodes)}
+    valid = {i: bool(v["valid"]) for i, v in verdicts.items()}
+    errors = {i: str(v.get("error_type", "")) for i, v in verdicts.items() if not v["valid"]}
+    return {"accuracy": sum(valid.values()) / len(valid) if valid else 0.0, "valid": valid, "errors": errors,
+            "results": [result_entry(e.id, ep) for e, ep in zip(entries, episodes)], "episodes": episodes}
 
 
 class GoldPolicy(ScriptedPolicy):

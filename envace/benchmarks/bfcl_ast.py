@@ -10,8 +10,9 @@ Scoring:
 
 - AST categories use BFCL's ``ast_checker`` (function name, required and unknown arguments, types, allowed values,
   order-free matching for ``parallel``) with the entry's function docs as BFCL's eval runner passes them: without
-  the language hints, since the Java/JavaScript type converters need the original types. An output whose blocks are
-  malformed "failed to decode" (invalid), as in BFCL.
+  the language hints, since the Java/JavaScript type converters need the original types. Outputs are decoded by
+  bfcl-eval's own decoder for the ``<tool_call>`` format (``decode_calls``); one it rejects "failed to decode"
+  (invalid), as in BFCL.
 - ``irrelevance`` and ``live_irrelevance`` are correct when the output holds no decodable call, ``live_relevance``
   when it holds at least one (BFCL's ``relevance_file_runner`` rule); live_relevance is reported, not aggregated.
 
@@ -24,7 +25,7 @@ runs the checker's own source file under a private module name, with a stand-in 
 while that source runs. ``sys.modules`` is left as it was: the stand-in is removed (or the previous module put
 back), and the ``bfcl_eval`` modules a failed real import left behind are dropped.
 
-Safety: model output is never ``eval``ed. Calls are read with ``json`` (``parse_act_output``), and BFCL's AST
+Safety: model output is never ``eval``ed. Calls are read with ``json`` (``bfcl_loop.decode_ast``), and BFCL's AST
 checker compares values and runs regex-based Java/JavaScript type converters; it does not ``eval`` either.
 """
 
@@ -41,7 +42,7 @@ from functools import cache
 from types import ModuleType, SimpleNamespace
 from typing import Any
 
-from envace.benchmarks.bfcl import MULTI_TURN, NEEDS_NETWORK, _data_dir, _json_schema, _jsonl, require_bfcl
+from envace.benchmarks.bfcl import MULTI_TURN, _data_dir, _json_schema, _jsonl, refuse_not_run, require_bfcl
 
 SIMPLE = ("simple_python", "simple_java", "simple_javascript")
 """The three ``simple`` categories (their mean is BFCL's ``simple``)."""
@@ -180,9 +181,7 @@ class ASTEntry:
 
 def _check_category(category: str) -> None:
     """Refuse categories this module does not run, saying where they are (or why not)."""
-    if category in NEEDS_NETWORK:
-        raise ValueError(f"BFCL category '{category}' is not run: {NEEDS_NETWORK[category]}, and envace's benchmark "
-                         "harnesses run offline (it is left out of the offline score, not counted as 0)")
+    refuse_not_run(category)
     if category in MULTI_TURN or category.startswith("multi_turn"):
         raise ValueError(f"'{category}' is a multi-turn category: use envace.benchmarks.bfcl.load_multi_turn")
     if category not in SINGLE_TURN:
@@ -245,16 +244,18 @@ def load_single_turn(category: str, ids: list[str] | None = None, limit: int | N
 
 
 def decode_calls(text: str) -> list[dict[str, dict[str, Any]]] | None:
-    """The checker's model output for one generation: ``[{name: arguments}, ...]``.
+    """The checker's model output for one generation: ``[{name: arguments}, ...]``, or None ("failed to decode").
 
-    Plain text gives ``[]``; a malformed ``<tool_call>`` block gives None ("failed to decode", as in BFCL).
+    bfcl-eval's own decoder for the ``<tool_call>`` format (``QwenFCHandler.decode_ast``, mirrored in
+    ``envace.benchmarks.bfcl_loop.decode_ast``): plain text gives ``[]``; a block BFCL's decoder rejects makes the
+    whole output undecodable, a block it cannot read as JSON is skipped.
     """
-    from envace.roles.parsing import CallError, parse_act_output
+    from envace.benchmarks.bfcl_loop import DecodeError, decode_ast, split_response
 
-    parsed = parse_act_output(text)
-    if parsed.malformed or any(isinstance(c, CallError) for c in parsed.calls):
+    try:
+        return decode_ast(split_response(text)[1])
+    except DecodeError:
         return None
-    return [{call.name: call.arguments} for call in parsed.calls]
 
 
 def _has_call(calls: list[dict[str, Any]] | None) -> bool:
@@ -491,14 +492,16 @@ class GoldASTEngine:
     Args:
         entries: the entries it knows.
         tokenizer: the tokenizer that renders the prompts and encodes the answers.
+        outputs: other answers than the gold ones, by entry id (scripted outputs, e.g. perturbed ones).
     """
 
-    def __init__(self, entries: list[ASTEntry], tokenizer: Any) -> None:
+    def __init__(self, entries: list[ASTEntry], tokenizer: Any, outputs: dict[str, str] | None = None) -> None:
         from envace.policy.chat import encode
 
         self.answers: dict[tuple[int, ...], deque[list[int]]] = {}
         for entry in entries:
-            answer = encode(tokenizer, gold_output(entry)) + [tokenizer.eos_token_id]
+            text = outputs[entry.id] if outputs and entry.id in outputs else gold_output(entry)
+            answer = encode(tokenizer, text) + [tokenizer.eos_token_id]
             self.answers.setdefault(tuple(prompt_ids(entry, tokenizer)), deque()).append(answer)
 
     def generate(self, prompts: list[list[int]], params: Any) -> list[Any]:

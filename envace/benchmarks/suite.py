@@ -11,7 +11,8 @@ from typing import Any
 BFCL_COMPONENTS = ("non_live", "live", "irrelevance", "multi_turn")
 """The components of BFCL's offline aggregate (``envace.benchmarks.bfcl_ast.offline_aggregate``)."""
 
-BFCL_AGENTIC_NOTE = "not BFCL-v4 overall: the agentic 40% (web search, memory) needs the network and is left out"
+BFCL_AGENTIC_NOTE = ("not BFCL-v4 overall: the agentic 40% is left out (web search and vector memory need the network; "
+                     "key-value and summary memory need BFCL's prerequisite-conversation chain, not run)")
 
 ORDER_MATCH_NOTE = "UNOFFICIAL proxy (final orders vs required ones); VitaBench's official score is the rubric judge"
 
@@ -25,8 +26,8 @@ def split_bfcl_categories(categories: list[str]) -> tuple[list[str], list[str]]:
     """Route BFCL categories to their harnesses: ``(multi-turn, single-turn)``, each in the given order.
 
     Raises:
-        ValueError: a repeated or unknown category (the valid ones are listed), or one that needs the network (the
-            harness's refusal), each naming ``bfcl_categories``.
+        ValueError: a repeated or unknown category (the valid ones are listed), or one envace does not run
+            (``bfcl.NOT_RUN``, with the reason), each naming ``bfcl_categories``.
     """
     from envace.benchmarks import bfcl, bfcl_ast
 
@@ -38,12 +39,11 @@ def split_bfcl_categories(categories: list[str]) -> tuple[list[str], list[str]]:
             multi.append(category)
         elif category in bfcl_ast.SINGLE_TURN:
             single.append(category)
-        elif category in bfcl.NEEDS_NETWORK:
+        elif category in bfcl.NOT_RUN:
             try:
-                bfcl_ast.load_single_turn(category, limit=0)  # the harness refuses it before reading anything
+                bfcl.refuse_not_run(category)
             except ValueError as exc:
                 raise ValueError(f"bfcl_categories: {exc}") from exc
-            raise ValueError(f"bfcl_categories: '{category}' is not run offline: {bfcl.NEEDS_NETWORK[category]}")
         else:
             raise ValueError(f"bfcl_categories: unknown BFCL category '{category}'; valid: "
                              f"{', '.join(bfcl.MULTI_TURN + bfcl_ast.SINGLE_TURN)}")

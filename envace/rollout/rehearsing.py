@@ -20,6 +20,7 @@ from envace.policy.chat import decode, encode, render
 from envace.private_rehearsal import Attempt, JudgedCommit, MemoryCommit, PrivateRehearsal, Selector, attempt_of
 from envace.private_rehearsal import memory_text as format_memory
 from envace.rollout.engine import Engine, Generation, SamplingParams
+from envace.rollout.rules import LoopRules
 from envace.rollout.runner import EpisodeRunner, RolloutConfig, _Live
 from envace.rollout.stream import TokenStream, context_stream
 from envace.types import Episode, Role, Task
@@ -42,11 +43,12 @@ class RehearsingRunner(EpisodeRunner):
         rehearsal: the rehearsal budget and mode.
         prompter: renders the rehearse role's prompts (the policy's own rehearse world, bound to ``tokenizer``).
         selector: what to commit after a rehearsal (default: generate with the memory).
+        rules: the benchmark's loop rules (``envace.rollout.rules``); imagined attempts are read with them too.
     """
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, config: RolloutConfig, rehearsal: PrivateRehearsal,
-                 prompter: RehearseWorld, selector: Selector | None = None) -> None:
-        super().__init__(tokenizer, config)
+                 prompter: RehearseWorld, selector: Selector | None = None, rules: LoopRules | None = None) -> None:
+        super().__init__(tokenizer, config, rules)
         self.rehearsal = rehearsal
         self.prompter = prompter
         self.selector = selector or MemoryCommit()
@@ -199,13 +201,16 @@ class RehearsingRunner(EpisodeRunner):
 
 
 def make_runner(tokenizer: PreTrainedTokenizerBase, config: RolloutConfig, rehearsal: PrivateRehearsal | None = None,
-                selector: Selector | None = None) -> EpisodeRunner:
-    """A plain runner, or with a rehearsal budget a rehearsing one whose attempts use the packaged rehearse prompt."""
+                selector: Selector | None = None, rules: LoopRules | None = None) -> EpisodeRunner:
+    """A plain runner, or with a rehearsal budget a rehearsing one whose attempts use the packaged rehearse prompt.
+
+    ``rules``: a benchmark's loop rules (``envace.rollout.rules.LoopRules``; default: envace's own).
+    """
     if rehearsal is None or rehearsal.rehearsals == 0:
-        return EpisodeRunner(tokenizer, config)
+        return EpisodeRunner(tokenizer, config, rules)
     prompter = RehearseWorld()
     prompter.bind(tokenizer, model=None)
-    return RehearsingRunner(tokenizer, config, rehearsal, prompter, selector)
+    return RehearsingRunner(tokenizer, config, rehearsal, prompter, selector, rules)
 
 
 def _fork_episode(episode: Episode) -> Episode:
@@ -214,6 +219,7 @@ def _fork_episode(episode: Episode) -> Episode:
                    earlier_act=list(episode.earlier_act),
                    rehearsals=list(episode.rehearsals), calls=list(episode.calls),
                    call_steps=list(episode.call_steps), private_memory=list(episode.private_memory),
+                   act_outputs=list(episode.act_outputs),
                    stats=replace(episode.stats))
 
 

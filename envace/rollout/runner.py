@@ -19,8 +19,9 @@ from typing import Any, Literal
 from transformers import PreTrainedTokenizerBase
 
 from envace.policy.chat import TemplateError, decode
-from envace.roles.parsing import CallError, parse_act_output, validate_call
+from envace.roles.parsing import CallError, validate_call
 from envace.rollout.engine import Engine, Generation, SamplingParams, sessions
+from envace.rollout.rules import LoopRules
 from envace.rollout.stream import RenderDiverged, TokenStream, append_messages, context_stream
 from envace.types import Episode, Rehearsal, Role, Sample, Task, ToolCall, error_text
 from envace.users import UserRequest, UserSimulator
@@ -55,9 +56,10 @@ class RolloutConfig:
         max_user_turns: most user turns in an episode, the first included, whether scripted (``Task.user_turns``)
             or written by a simulated user; the episode ends when the act role answers the last one. 0: no limit.
         validate_calls: check calls before they reach the environment: their arguments against the tool's JSON
-            schema (``INVALID_ARGUMENTS``), and tools a later user turn brings (``Task.tool_unlocks``), refused as
-            unknown until then. Off, both reach the environment, which answers as it does: the protocol of
-            benchmarks whose executors check neither (BFCL, tau^2). Tools the task does not have are always refused.
+            schema (``INVALID_ARGUMENTS``), the tool's name (a tool the task does not have is ``UNKNOWN_TOOL``), and
+            tools a later user turn brings (``Task.tool_unlocks``), refused as unknown until then. Off, every call
+            reaches the environment, which answers as it does (an unknown name included): the protocol of
+            benchmarks whose executors check nothing before running a call (BFCL, tau^2, VitaBench).
         engine: the policy's generation engine: ``cached`` (``CachedEngine``: each turn reuses the keys/values of
             the turns before it, finished rows leave the batch) or ``hf`` (``HFEngine``: one ``transformers``
             ``generate`` per call, every prompt read from scratch). Both sample the same distribution.
@@ -130,11 +132,15 @@ class EpisodeRunner:
     Args:
         tokenizer: the policy's tokenizer (its chat template renders every prompt).
         config: budgets and sampling.
+        rules: how act turns are read and when a benchmark's own loop ends an episode (``envace.rollout.rules``;
+            default: envace's parser, no extra ending).
     """
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, config: RolloutConfig) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, config: RolloutConfig,
+                 rules: LoopRules | None = None) -> None:
         self.tokenizer = tokenizer
         self.config = config
+        self.rules = rules or LoopRules()
         self._prompts: dict[int, TokenStream] = {}  # within a run: a group's G episodes share one first prompt
         self.turn_gate: Callable[[Episode], bool] | None = None
 
@@ -179,9 +185,28 @@ class EpisodeRunner:
         with sessions(engine, world_engine):  # a caching engine reuses each turn's prefix within this rollout
             while reduce(any(not s.done for s in live)):
                 self._user_step([s for s in live if s.awaiting_user and not s.done])
+                self._apply_rules(live)
                 self._act_step([s for s in live if not s.done], engine, lockstep)
+                self._apply_rules(live)
                 self._world_step([s for s in live if s.pending], world, world_engine or engine, lockstep)
+                self._apply_rules(live)
         return [self._finish(s) for s in live]
+
+    def _apply_rules(self, live: list[_Live]) -> None:
+        """End the running episodes the loop rules end (a rule that raises fails that episode only)."""
+        for s in live:
+            if s.done:
+                continue
+            try:
+                reason = self.rules.stop_reason(s.episode)
+            except Exception as exc:  # noqa: BLE001 - a broken rule fails this episode, never the rollout
+                s.episode.stats.fail(f"{type(self.rules).__name__}.stop_reason: {error_text(exc)}")
+                s.done = True
+                continue
+            if reason:
+                s.episode.stats.stop_reason = reason
+                s.pending = []
+                s.done = True
 
     # -- episode lifecycle ------------------------------------------------------------------------------------------
 
@@ -254,7 +279,8 @@ class EpisodeRunner:
         s.stream.extend(gen.token_ids, Role.ACT, text, trained=True)
         s.generated[-1].append(list(gen.token_ids))
         s.transcript.append({"role": "assistant", "content": raw})
-        turn = parse_act_output(raw)
+        s.episode.act_outputs.append((s.user_turn, raw))
+        turn = self.rules.parse(raw)
         stats.act_parse_errors += int(turn.malformed)
         history = list(s.episode.messages)
         items = [self._check(c, s) for c in turn.calls]
@@ -280,8 +306,10 @@ class EpisodeRunner:
         if isinstance(call, CallError):
             return call
         task = s.episode.task
+        if not self.config.validate_calls:  # the environment answers every call, as the benchmark's own loop does
+            return call
         hidden = task.tool(call.name) is not None and call.name in task.hidden_tools() - s.unlocked
-        if task.tool(call.name) is None or (hidden and self.config.validate_calls):
+        if task.tool(call.name) is None or hidden:
             s.episode.stats.unknown_tools += 1  # the error never names a hidden tool
             available = [spec["function"]["name"] for spec in task.visible_tools()] + sorted(s.unlocked)
             listed = ", ".join(available) or "(none)"

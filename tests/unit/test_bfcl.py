@@ -52,6 +52,24 @@ def test_unknown_categories_and_ids_list_the_valid_ones() -> None:
         load_multi_turn("multi_turn_base", ids=["multi_turn_base_999"])
 
 
+@pytest.mark.parametrize(("category", "reason"), [
+    ("memory_kv", "prerequisite conversations"),
+    ("memory_rec_sum", "prerequisite conversations"),
+    ("memory_vector", "downloads a sentence-embedding model"),
+    ("format_sensitivity", "only for prompting models"),
+])
+def test_categories_envace_does_not_run_are_refused_with_the_reason_everywhere(category: str, reason: str) -> None:
+    """Before, the memory categories with offline backends and format_sensitivity were "unknown BFCL category"."""
+    from envace.benchmarks.bfcl_ast import load_single_turn
+    from envace.benchmarks.suite import split_bfcl_categories
+
+    for load in (load_multi_turn, load_single_turn):
+        with pytest.raises(ValueError, match=f"'{category}' is not run: .*{reason}.*left out of the offline score"):
+            load(category)
+    with pytest.raises(ValueError, match=f"bfcl_categories: BFCL category '{category}' is not run: .*{reason}"):
+        split_bfcl_categories(["multi_turn_base", category])
+
+
 @pytest.mark.parametrize("category", MULTI_TURN)
 def test_gold_replay_is_valid_for_bfcls_checker(category: str) -> None:
     entries = load_multi_turn(category, limit=10)
@@ -190,7 +208,7 @@ def test_split_holds_out_a_quarter_and_training_refuses_it() -> None:
 
 def test_exported_training_tasks_load_train_and_run_in_the_real_world(tmp_path, tiny_tokenizer) -> None:
     from envace.alignment import AlignmentRows, DemonstrationRows
-    from envace.benchmarks.bfcl import GoldPolicy, episode_calls, export_training_tasks, split_ids
+    from envace.benchmarks.bfcl import GoldPolicy, export_training_tasks, score_episode, split_ids
     from envace.data.tasks import load_tasks
     from envace.rollout.runner import EpisodeRunner, RolloutConfig
     from envace.worlds import RealWorld, RehearseWorld
@@ -207,7 +225,7 @@ def test_exported_training_tasks_load_train_and_run_in_the_real_world(tmp_path, 
     config = RolloutConfig(act_temperature=0.0, max_turns=40, max_tool_calls=80, max_context_tokens=32768,
                            check_render=True)
     (episode,) = EpisodeRunner(tiny_tokenizer, config).run([task], [0], GoldPolicy(entry, tiny_tokenizer), world)
-    assert check_multi_turn(entry, episode_calls(entry, episode))["valid"]
+    assert score_episode(entry, episode)["valid"]
     assert episode.stats.real_calls == len(episode.calls) and episode.stats.invalid_arguments == 0
     # the reference (gold calls, real responses, later user turns) feeds the warm start and the alignment term
     prompter = RehearseWorld()
@@ -243,3 +261,75 @@ def test_load_split_scores_a_trained_policy_on_the_held_out_ids_only() -> None:
     assert len(load_split("multi_turn_base", "train")) == 150 and len(load_split("multi_turn_base")) == 200
     with pytest.raises(ValueError, match="unknown BFCL split 'test'; valid: all, train, eval"):
         load_split("multi_turn_base", "test")
+
+
+# -- BFCL's inference loop: step limit, executed calls, its decoder ---------------------------------------------------
+
+
+def _run_script(entry_id: str, outputs: list[str], tokenizer) -> dict:
+    from envace.benchmarks.bfcl import evaluate_multi_turn
+    from envace.benchmarks.scripted import ScriptedPolicy
+
+    (entry,) = load_multi_turn("multi_turn_base", ids=[entry_id])
+    return evaluate_multi_turn([entry], ScriptedPolicy(tokenizer, outputs), tokenizer)
+
+
+def _gold_steps(entry_id: str) -> list[str]:
+    from envace.benchmarks.parity import multi_turn_scripts
+
+    (entry,) = load_multi_turn("multi_turn_base", ids=[entry_id])
+    return list(multi_turn_scripts(entry)["gold"])  # per turn: one step with the turn's gold calls, then "Done."
+
+
+def test_a_turn_past_bfcls_step_limit_force_terminates_the_entry_unless_it_is_the_last(tiny_tokenizer) -> None:
+    """BFCL's inference force-quits an entry once a turn's 21st step has run; its runner then fails the entry
+    (``multi_turn:force_terminated``) unless that was the last turn. Before, envace moved on to the next turn after
+    its own 20 steps and scored the rest."""
+    from envace.benchmarks.bfcl_loop import FORCE_TERMINATED
+    from envace.benchmarks.parity import block
+
+    gold = _gold_steps("multi_turn_base_0")  # 4 turns: [calls, "Done."] each
+    pwd = block("pwd", {})  # changes nothing
+    twenty = _run_script("multi_turn_base_0", [gold[0], *[pwd] * 19, *gold[1:]], tiny_tokenizer)
+    assert twenty["valid"] == {"multi_turn_base_0": True}
+    over = _run_script("multi_turn_base_0", [gold[0], *[pwd] * 20, *gold[1:]], tiny_tokenizer)
+    (episode,) = over["episodes"]
+    assert over["errors"] == {"multi_turn_base_0": FORCE_TERMINATED} and episode.stats.stop_reason == FORCE_TERMINATED
+    assert episode.stats.user_turns == 1 and len(episode.call_steps) == 21
+    assert over["results"][0]["result"] == [[gold[0], *[pwd] * 20]]  # the official result file: one turn reached
+    last = _run_script("multi_turn_base_0", [*gold[:-1], *[pwd] * 20, "Done."], tiny_tokenizer)
+    assert last["valid"] == {"multi_turn_base_0": True}  # force-quit in the last turn: every turn answered
+
+
+def test_a_call_to_an_excluded_function_runs_as_in_bfcl(tiny_tokenizer) -> None:
+    """multi_turn_base_0 leaves ``cp`` out of the tools, but BFCL executes a call to it: the copy changes the file
+    system and the entry fails. Before, envace refused the call as an unknown tool and the entry passed."""
+    from envace.benchmarks.parity import block
+
+    (entry,) = load_multi_turn("multi_turn_base", ids=["multi_turn_base_0"])
+    assert entry.raw["excluded_function"] == ["cp"]
+    gold = _gold_steps("multi_turn_base_0")
+    copy = block("cp", {"source": "previous_report.pdf", "destination": "archive_copy.pdf"})
+    result = _run_script("multi_turn_base_0", [gold[0], copy, *gold[1:]], tiny_tokenizer)
+    (episode,) = result["episodes"]
+    responses = [m["content"] for m in episode.messages if m["role"] == "tool"]
+    assert "archive_copy.pdf" in responses[3]  # the copy ran (after the gold turn's three calls)
+    assert result["errors"] == {"multi_turn_base_0": "multi_turn:instance_state_mismatch"}
+    unknown = _run_script("multi_turn_base_0", [block("envace_nothing", {}), *gold], tiny_tokenizer)
+    assert unknown["valid"] == {"multi_turn_base_0": True}  # an unknown name is an execution error, nothing more
+
+
+@pytest.mark.parametrize(("kind", "valid"), [
+    ("off_format_no_newlines", False),  # not a block for BFCL's decoder: the turn ends without calls
+    ("off_format_json_list", False),  # a list in one block: undecodable, the turn ends
+    ("off_format_valid_then_malformed", True),  # the malformed block is skipped, the valid call runs
+])
+def test_multi_turn_output_is_decoded_as_bfcls_decoder_decodes_it(kind: str, valid: bool, tiny_tokenizer) -> None:
+    """Before, envace's tolerant parser executed the first two and answered the third's bad block with an error."""
+    from envace.benchmarks.parity import multi_turn_scripts
+
+    (entry,) = load_multi_turn("multi_turn_base", ids=["multi_turn_base_0"])
+    result = _run_script("multi_turn_base_0", list(multi_turn_scripts(entry)[kind]), tiny_tokenizer)
+    assert result["valid"] == {"multi_turn_base_0": valid}
+    (episode,) = result["episodes"]
+    assert episode.stats.unknown_tools == 0 and all(m.get("name") != "error" for m in episode.messages)

@@ -139,14 +139,26 @@ def test_wrong_outputs_fail_bfcls_checker() -> None:
 def test_irrelevance_wants_no_call_and_relevance_wants_one() -> None:
     irrelevant, relevant = _one("irrelevance", "irrelevance_0"), _one("live_relevance", "live_relevance_0-0-0")
     text, call = "I cannot do that with these tools.", _block(relevant.functions[0]["name"], {"prompt": "x"})
-    malformed = "<tool_call>\n{not json\n</tool_call>"
-    assert decode_calls(text) == [] and decode_calls(malformed) is None
-    assert decode_calls(call + "\n" + malformed) is None  # one malformed block: the turn failed to decode
-    assert decode_calls(call) == [{"search_engine.query": {"prompt": "x"}}]
-    for output, expected in ((text, True), (call, False), (malformed, True)):
+    listed = "<tool_call>\n" + json.dumps([{"name": "search_engine.query", "arguments": {"prompt": "x"}}]) + \
+        "\n</tool_call>"
+    assert decode_calls(text) == [] and decode_calls(call) == [{"search_engine.query": {"prompt": "x"}}]
+    assert decode_calls(listed) is None  # a JSON list in one block: BFCL's decoder fails the output
+    for output, expected in ((text, True), (call, False), (listed, True)):
         assert check_entry(irrelevant, decode_calls(output))["valid"] is expected, output
         assert check_entry(relevant, decode_calls(output))["valid"] is not expected, output
     assert check_entry(irrelevant, decode_calls(call))["error_type"] == "irrelevance_error:decoder_success"
+
+
+def test_outputs_are_decoded_as_bfcls_own_decoder_for_the_format_decodes_them() -> None:
+    """bfcl-eval's QwenFCHandler: blocks need newlines inside the tags, undecodable JSON bodies are skipped, a
+    non-object in a block or arguments that are not an object fail the whole output (envace's tolerant parser read
+    all of these differently)."""
+    call = _block("f", {"x": 1})
+    assert decode_calls(call + "\n<tool_call>\n{not json\n</tool_call>") == [{"f": {"x": 1}}]  # valid one kept
+    assert decode_calls('<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>') == []  # no newlines
+    assert decode_calls('<tool_call>\n{"name": "f", "arguments": "{}"}\n</tool_call>') is None  # AST wants an object
+    assert decode_calls('<tool_call>\n{"name": "f"}\n</tool_call>') is None
+    assert decode_calls("<think>" + call + "</think>\nNo call.") == []  # the reasoning is not the response
 
 
 # -- the aggregate -----------------------------------------------------------------------------------------------------

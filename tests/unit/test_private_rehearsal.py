@@ -220,7 +220,7 @@ def test_a_benchmark_harness_rehearses_privately_and_only_committed_calls_reach_
         roaming, saver,  # two imagined first turns (the same engine plays both roles)...
         result_text({"roaming": True}), result_text({"data_saver": False}),  # ...answered by the rehearse role
         saver,  # the committed first turn (the memory in its prompt)
-        roaming, "Both are fixed now.",  # granularity task: no more rehearsal
+        roaming, call_text("done", {}),  # granularity task: no more rehearsal; tau^2's stop
     ])
     budget = PrivateRehearsal(rehearsals=2, granularity="task", horizon=1)
     result = evaluate([task], engine, tok, "telecom", "solo", rehearsal=budget)

@@ -44,6 +44,38 @@ def test_the_gold_policy_earns_the_full_reward_through_the_rollout(tiny_tokenize
         assert result["floor"] == 0.0
 
 
+def test_a_solo_episode_is_scored_only_if_it_ends_with_taus_stop(tiny_tokenizer) -> None:
+    """tau^2 scores a solo conversation only when the agent stops (the ``done`` tool, or a message with
+    ``###STOP###``); a plain-text ending is an agent error and running out of steps is ``max_steps``: both 0. Before,
+    envace scored such episodes as if they had ended properly, and its gold policy ended in plain text."""
+    from envace.benchmarks.parity import block
+    from envace.benchmarks.scripted import ScriptedPolicy
+    from envace.benchmarks.tau2 import evaluate
+
+    task = load_tasks("telecom", "test")[0]
+    calls = [block(a.name, a.arguments) for a in task.evaluation_criteria.actions]
+
+    def run(outputs: list[str], **limits) -> tuple[float, str]:
+        result = evaluate([task], ScriptedPolicy(tiny_tokenizer, outputs), tiny_tokenizer, **limits)
+        return result["rewards"][task.id][0], result["endings"][task.id][0]
+
+    assert run([*calls, block("done", {})]) == (1.0, "agent_stop")
+    assert run([*calls, "Fixed. ###STOP###"]) == (1.0, "agent_stop")
+    assert run([*calls, "I fixed it."]) == (0.0, "agent_error")
+    assert run([*calls, *calls, block("done", {})], max_steps=2 * len(calls) + 1) == (0.0, "max_steps")
+    assert run([*calls, block("done", {})], max_steps=2 * len(calls)) == (0.0, "max_steps")  # the stop is the limit
+    assert run([*[block("nope", {})] * 3, *calls, block("done", {})], max_errors=3) == (0.0, "too_many_errors")
+
+
+def test_solo_tasks_carry_taus_solo_instructions_and_its_done_tool() -> None:
+    from envace.benchmarks.tau2 import DONE_TOOL, to_task
+
+    converted = to_task(load_tasks("telecom", "test")[0])
+    assert DONE_TOOL in converted.tools
+    system = converted.messages[0]["content"]
+    assert "send a message containing a single tool call to the `done` tool" in system and "<policy>" in system
+
+
 def test_solo_conversion_refuses_domains_that_need_a_user() -> None:
     from envace.benchmarks.tau2 import to_task
 
@@ -136,29 +168,31 @@ def test_user_mode_conversion_opens_with_the_greeting_and_the_users_scenario() -
 
 
 def test_retail_gold_actions_with_a_simulated_user_earn_the_full_reward(tiny_tokenizer) -> None:
-    from envace.benchmarks.tau2 import GoldSoloPolicy, evaluate
+    from envace.benchmarks.tau2 import GoldPolicy, evaluate
 
     task = load_tasks("retail", "test")[0]
     user = scripted_user(tiny_tokenizer, ["I want to return some items.", "Thanks! ###STOP###"])
-    result = evaluate([task], GoldSoloPolicy(task, tiny_tokenizer), tiny_tokenizer, "retail", "user", user=user)
+    gold = GoldPolicy(task, tiny_tokenizer, solo=False)
+    result = evaluate([task], gold, tiny_tokenizer, "retail", "user", user=user)
     (episode,) = result["episodes"]
     assert result["rewards"] == {task.id: [1.0]} and episode.stats.user_stop and episode.stats.user_turns == 1
     assert result["failed"] == {} and result["floor"] == 0.0  # retail test task 0 cannot be passed by refusing
 
 
 def test_an_episode_its_user_did_not_end_scores_zero_and_a_failed_user_is_not_scored(tiny_tokenizer) -> None:
-    from envace.benchmarks.tau2 import GoldSoloPolicy, evaluate
+    from envace.benchmarks.tau2 import GoldPolicy, evaluate
     from envace.chat_model import ChatModel
     from envace.rollout.runner import RolloutConfig
 
     task = load_tasks("retail", "test")[0]
     user = scripted_user(tiny_tokenizer, ["I want to return some items."])
     config = RolloutConfig(act_temperature=0.0, max_turns=30, max_context_tokens=65536, max_user_turns=1)
-    result = evaluate([task], GoldSoloPolicy(task, tiny_tokenizer), tiny_tokenizer, "retail", "user", user=user,
-                      rollout=config)
+    result = evaluate([task], GoldPolicy(task, tiny_tokenizer, solo=False), tiny_tokenizer, "retail", "user",
+                      user=user, rollout=config)
     assert result["rewards"] == {task.id: [0.0]}  # the right actions, but the conversation was cut, as upstream
     silent = ChatModel.from_engine(scripted_user(tiny_tokenizer, []).engine, tiny_tokenizer, max_prompt_tokens=4)
-    result = evaluate([task], GoldSoloPolicy(task, tiny_tokenizer), tiny_tokenizer, "retail", "user", user=silent)
+    result = evaluate([task], GoldPolicy(task, tiny_tokenizer, solo=False), tiny_tokenizer, "retail", "user",
+                      user=silent)
     assert result["rewards"] == {task.id: []} and result["failed"] == {task.id: 1} and result["pass_hat"] == {}
 
 
