@@ -23,7 +23,7 @@
   held-back functions, off-format output, plain-text endings, step and error limits), on a sample of entries of every
   BFCL category envace scores and of every tau^2 domain in solo and user mode, each scored by envace's harness and by
   the official code (bfcl-eval's ``evaluate_task`` on envace's episodes written as result files; tau^2's
-  Orchestrator and ``evaluate_simulation`` replaying the same script). Every disagreement is listed.
+  ``run_task``, its agent and user answering from the same script). Every disagreement is listed.
 
 Run from the repository root: ``.venv/bin/python benchmarks/harness_check.py [--bfcl-limit N] [--tau2-split base]
 [--no-parity]`` (``--bfcl-limit`` applies to multi-turn and single-turn categories alike). It prints a table per check;

@@ -105,21 +105,40 @@ class ScriptedUser:
     """A user that says the next line of a per-task script (tests, replays); ``None`` ends the conversation.
 
     Args:
-        lines: per task id, the user's messages in order. A task whose lines run out stops.
+        lines: per task id, the user's messages in order. A task whose lines run out stops. With ``tools``, a line
+            holding ``<tool_call>`` blocks is the user operating its tools: the calls run on the episode's
+            environment and the next line follows in the same reply (as ``ModelUser`` does).
+        tools: the tools the user operates itself (tau^2 telecom: ``Tau2UserTools``), or None.
     """
 
     lines: dict[str, list[str | None]] = field(default_factory=dict)
+    tools: UserTools | None = None
 
     def respond(self, requests: list[UserRequest]) -> list[UserReply]:
-        """The next scripted line of each episode's task."""
+        """The next scripted line of each episode's task, after the user's scripted tool calls."""
         replies = []
         for req in requests:
-            said = req.state.setdefault("said", 0)
-            script = self.lines.get(req.task.id, [])
-            line = script[said] if said < len(script) else None
-            req.state["said"] = said + 1
+            line = self._next(req)
+            calls = self._calls(line)
+            while calls:
+                for call in calls:
+                    self.tools.call(req, call)  # type: ignore[union-attr]
+                req.state["tool_calls"] = req.state.get("tool_calls", 0) + len(calls)
+                line = self._next(req)
+                calls = self._calls(line)
             replies.append(UserReply("", stop=True) if line is None else _reply(line))
         return replies
+
+    def _next(self, req: UserRequest) -> str | None:
+        said = req.state.setdefault("said", 0)
+        script = self.lines.get(req.task.id, [])
+        req.state["said"] = said + 1
+        return script[said] if said < len(script) else None
+
+    def _calls(self, line: str | None) -> list[ToolCall]:
+        if line is None or self.tools is None:
+            return []
+        return [c for c in parse_act_output(line).calls if isinstance(c, ToolCall)]
 
 
 class ModelUser:

@@ -527,7 +527,8 @@ class GoldASTEngine:
 
 AGGREGATE_NOTE = (
     "bfcl_offline = (10*NonLive + 10*Live + 10*Irrelevance + 30*MultiTurn) / 60: BFCL-v4's weights without the "
-    "agentic 40% (web search needs a live search API, memory_vector a hub model), so it is not BFCL-v4 overall"
+    "agentic 40% (web search needs a live search API, memory_vector a hub model, memory_kv and memory_rec_sum "
+    "BFCL's chained prerequisite conversations), so it is not BFCL-v4 overall"
 )
 
 

@@ -3,13 +3,14 @@
 Each ``Case`` is one scripted policy on one benchmark entry: the act outputs it writes (and, for tau^2's user mode,
 what its user says). ``run_case`` plays it through envace's harness (the rollout under the benchmark's loop rules,
 then envace's scoring) and through the official code (``envace.benchmarks.official``: bfcl-eval's ``evaluate_task``
-with its decoder on envace's episodes written as an official result file; tau^2's Orchestrator and
-``evaluate_simulation`` on the same script), and reports both verdicts. ``cases`` builds, for a sample of entries of
+with its decoder on envace's episodes written as an official result file; tau^2's ``run_task``, its agent and user
+answering from the same script), and reports both verdicts. ``cases`` builds, for a sample of entries of
 every category envace scores, the gold answer and perturbations of each kind the official loops treat specially:
 wrong values, missing, extra and reordered calls, over-long turns and step limits, excluded and held-back functions,
 output the official decoder reads differently, plain-text endings, tool errors.
 
-``benchmarks/harness_check.py`` prints the agreement; ``tests/integration/test_parity.py`` requires it to be total.
+``benchmarks/harness_check.py`` prints the agreement; ``tests/integration/test_parity_bfcl.py`` and
+``test_parity_tau2.py`` require it to be total.
 """
 
 from __future__ import annotations
@@ -280,19 +281,24 @@ def solo_scripts(task: Any) -> dict[str, tuple[tuple[str, ...], tuple[int, int]]
 
 
 def user_scripts(task: Any) -> dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[int, int]]]:
-    """User-mode scripts: ``{kind: (act outputs, user lines, (max_steps, max_errors))}``."""
+    """User-mode scripts: ``{kind: (act outputs, user lines, (max_steps, max_errors))}``.
+
+    The user's own gold actions (telecom's phone) are its tool calls, one per message, before it stops.
+    """
     actions = _actions(task, "assistant")
     calls = [block(n, a) for n, a in actions]
+    acts = tuple(block(n, a) for n, a in _actions(task, "user"))
     said = " ".join(task.evaluation_criteria.communicate_info or []) or "Done."
     default = (tau2.MAX_STEPS, tau2.MAX_ERRORS)
     opening = "Hello, I need help with my request."
+    extra_steps = 2 * len(acts)
     return {
-        "gold": ((*calls, said), (opening, STOP), default),
-        "agent_writes_stop_token": ((*calls, STOP, said), (opening, "Anything else?", STOP), default),
-        "missing_action": ((*calls[:-1], said), (opening, STOP), default),
-        "user_never_stops": ((*calls, said, "Sure.", "Sure."), (opening, "More?", "More?", STOP), (2 * len(calls) + 4,
-                                                                                                  tau2.MAX_ERRORS)),
-        "unknown_tool": ((block("envace_not_a_tool", {}), *calls, said), (opening, STOP), default),
+        "gold": ((*calls, said), (opening, *acts, STOP), default),
+        "agent_writes_stop_token": ((*calls, STOP, said), (opening, "Anything else?", *acts, STOP), default),
+        "missing_action": ((*calls[:-1], said), (opening, *acts, STOP), default),
+        "user_never_stops": ((*calls, said, "Sure.", "Sure."), (opening, "More?", "More?", *acts, STOP),
+                             (2 * len(calls) + 4 + extra_steps, tau2.MAX_ERRORS)),
+        "unknown_tool": ((block("envace_not_a_tool", {}), *calls, said), (opening, *acts, STOP), default),
     }
 
 
@@ -334,7 +340,8 @@ def _envace_tau2(case: Case, tokenizer: Any) -> tuple[float, str]:
 
     domain, mode = case.category.split("/")
     (task,) = tau2.load_tasks(domain, "base", ids=[case.entry_id])
-    user = ScriptedUser({case.entry_id: list(case.user)}) if mode == "user" else None
+    tools = tau2.Tau2UserTools() if domain in tau2.SOLO_DOMAINS else None  # the domains where the user has tools
+    user = ScriptedUser({case.entry_id: list(case.user)}, tools=tools) if mode == "user" else None
     max_steps, max_errors = case.limits
     result = tau2.evaluate([task], ScriptedPolicy(tokenizer, list(case.outputs)), tokenizer, domain, mode,
                            user=user, max_steps=max_steps, max_errors=max_errors)
@@ -348,7 +355,7 @@ def _official_tau2(case: Case) -> tuple[float, str]:
     (task,) = tau2.load_tasks(domain, "base", ids=[case.entry_id])
     solo = mode == "solo"
     agent = [_item(text, solo) for text in case.outputs]
-    user = [{"text": line} for line in case.user] if not solo else None
+    user = [_item(line, solo) for line in case.user] if not solo else None
     max_steps, max_errors = case.limits
     return tau2_official_run(task, domain, solo, agent, user, max_steps=max_steps, max_errors=max_errors)
 

@@ -349,6 +349,19 @@ def episode_trajectory(episode: Any, handle: dict[str, Any]) -> list[Any]:
     return handle["trajectory"] + [AssistantMessage(role="assistant", content=text) for text in said or [""]]
 
 
+def calls_done(text: str) -> bool:
+    """The act output calls tau^2's ``done`` tool.
+
+    That is the only way a solo agent stops: ``LLMSoloAgent`` raises on a message without tool calls, ``###STOP###``
+    in plain text included, and ``run_tasks`` scores that run 0.
+    """
+    from envace.roles.parsing import parse_act_output
+    from envace.types import ToolCall
+
+    return any(isinstance(c, ToolCall) and c.name == DONE_TOOL["function"]["name"]
+               for c in parse_act_output(text).calls)
+
+
 class Tau2Rules(LoopRules):
     """tau^2's Orchestrator, mirrored: the solo stop, and the step and error limits.
 
@@ -372,10 +385,8 @@ class Tau2Rules(LoopRules):
 
     def parse(self, text: str) -> Any:
         """The envace parser; in solo mode a turn calling ``done`` becomes the stop message."""
-        from envace.types import ToolCall
-
         turn = super().parse(text)
-        if self.solo and any(isinstance(c, ToolCall) and c.name == DONE_TOOL["function"]["name"] for c in turn.calls):
+        if self.solo and calls_done(text):
             turn.content, turn.calls, turn.malformed = STOP_TOKEN, [], False
         return turn
 
@@ -428,16 +439,16 @@ def termination_reason(episode: Any, handle: dict[str, Any], solo: bool, max_ste
                        max_errors: int = MAX_ERRORS) -> str:
     """Why the conversation ended, in the Orchestrator's words (``TerminationReason`` values).
 
-    ``agent_stop`` (solo: the stop message), ``user_stop``, ``agent_error`` (solo: a plain-text message that is not
-    a stop), ``max_steps``, ``too_many_errors``; an episode ended by one of envace's own budgets (turns, calls,
-    context) is ``envace_budget``. As in ``Orchestrator.run``, the limits are checked after the last message too, so
-    a stop on the step that reaches a limit is that limit.
+    ``agent_stop`` (solo: a ``done`` call), ``user_stop``, ``agent_error`` (solo: a message without tool calls,
+    ``###STOP###`` in plain text included), ``max_steps``, ``too_many_errors``; an episode ended by one of envace's
+    own budgets (turns, calls, context) is ``envace_budget``. As in ``Orchestrator.run``, the limits are checked
+    after the last message too, so a stop on the step that reaches a limit is that limit.
     """
     if episode.stats.stop_reason:
         return episode.stats.stop_reason
     answer = episode.final_answer
     if solo and answer is not None:
-        natural = "agent_stop" if STOP_TOKEN in answer else "agent_error"
+        natural = "agent_stop" if episode.act_outputs and calls_done(episode.act_outputs[-1][1]) else "agent_error"
     elif not solo and episode.stats.user_stop:
         natural = "user_stop"
     else:

@@ -664,7 +664,7 @@ REGISTRY: dict[str, Entry] = {
     ".venv/bin/python benchmarks/harness_check.py": run(
         "bench", "--bfcl-limit", "1", "--no-parity", patch=first_tau2_tasks, check=expect_summary("tau2_gold"),
         why="the first entry of each BFCL category and the first tau^2 task of each domain; the parity cases run in "
-            "tests/integration/test_parity.py"),
+            "tests/integration/test_parity_bfcl.py and test_parity_tau2.py"),
     "OMP_NUM_THREADS=1 .venv/bin/python benchmarks/rollout_efficiency.py": run(
         "bench", "--tasks", "builtin:bank-test:2", "--group-size", "2", "--repeats", "1", "--act-max-new-tokens", "8",
         "--rehearse-max-new-tokens", "8", check=expect_summary("efficiency")),

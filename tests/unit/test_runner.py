@@ -688,3 +688,58 @@ def test_a_tool_brought_by_a_later_user_turn_is_hidden_until_then(tok):
     # a protocol without call checks (BFCL's executor) lets the environment answer it at once
     (ep,), _, _ = run(tok, [deposit, "125", "?"], tasks=[task], world=world, validate_calls=False)
     assert tool_messages(ep)[0]["content"] == '{"account": "A1", "balance": 125}'
+
+
+# -- loop rules: a benchmark's own decoder and endings -----------------------------------------------------------------
+
+
+def test_without_call_checks_an_unknown_tool_reaches_the_environment(tok):
+    world = RealWorld()
+    world.bind(tok, model=None)
+    (ep,), _, _ = run(tok, [call_text("open_vault", {}), "?"], world=world, validate_calls=False)
+    assert ep.stats.unknown_tools == 0 and [c.name for c in ep.calls] == ["open_vault"]
+    assert "unknown tool 'open_vault'" in tool_messages(ep)[0]["content"]  # the environment's own answer
+
+
+def test_loop_rules_read_every_act_turn_and_end_episodes_where_the_benchmark_would(tok):
+    from envace.roles.parsing import ParsedTurn
+    from envace.rollout.rules import LoopRules, awaiting_tools
+
+    class TwoCallsAtMost(LoopRules):
+        """Reads 'A1!' as a call, and ends an episode once two calls have been answered."""
+
+        def parse(self, text: str) -> ParsedTurn:
+            if text == "A1!":
+                return ParsedTurn(content="", calls=[ToolCall("get_balance", {"account": "A1"})])
+            return super().parse(text)
+
+        def stop_reason(self, episode: Episode) -> str:
+            return "two_calls" if len(episode.calls) >= 2 and not awaiting_tools(episode) else ""
+
+    world = RealWorld()
+    world.bind(tok, model=None)
+    act = ScriptedEngine(tok, ["A1!", CALL_A1, CALL_B2])
+    runner = EpisodeRunner(tok, RolloutConfig(check_render=True), TwoCallsAtMost())
+    (ep,) = runner.run([TASK], [0], act, world)
+    assert act.remaining == 1  # the third turn was never asked for
+    assert ep.stats.stop_reason == "two_calls" and ep.stats.real_calls == 2 and ep.final_answer is None
+    assert ep.act_outputs == [(0, "A1!"), (0, CALL_A1)]  # the raw texts, as generated
+    assert [m["role"] for m in ep.messages][-1] == "tool"  # both calls were answered before the rule ended it
+
+
+def test_a_loop_rule_that_raises_fails_its_episode_only(tok):
+    from envace.rollout.rules import LoopRules
+
+    class Broken(LoopRules):
+        def stop_reason(self, episode: Episode) -> str:
+            if episode.task.id == "bank-b2":
+                raise RuntimeError("judge unavailable")
+            return ""
+
+    world = RealWorld()
+    world.bind(tok, model=None)
+    tasks = [TASK, bank_task("bank-b2", "What is the balance of account B2?")]
+    act = ScriptedEngine(tok, [CALL_A1, "120"])
+    (ok, broken) = EpisodeRunner(tok, RolloutConfig(), Broken()).run(tasks, [0, 1], act, world)
+    assert ok.final_answer == "120" and not ok.stats.failed
+    assert broken.stats.failed and "Broken.stop_reason: RuntimeError: judge unavailable" in broken.stats.failure

@@ -45,9 +45,10 @@ def test_the_gold_policy_earns_the_full_reward_through_the_rollout(tiny_tokenize
 
 
 def test_a_solo_episode_is_scored_only_if_it_ends_with_taus_stop(tiny_tokenizer) -> None:
-    """tau^2 scores a solo conversation only when the agent stops (the ``done`` tool, or a message with
-    ``###STOP###``); a plain-text ending is an agent error and running out of steps is ``max_steps``: both 0. Before,
-    envace scored such episodes as if they had ended properly, and its gold policy ended in plain text."""
+    """tau^2 scores a solo conversation only when the agent stops (the ``done`` tool); a plain-text ending is an
+    agent error (``###STOP###`` in the text included: ``LLMSoloAgent`` raises on a message without tool calls, and a
+    failed run scores 0) and running out of steps is ``max_steps``: all 0. Before, envace scored such episodes as if
+    they had ended properly, and its gold policy ended in plain text."""
     from envace.benchmarks.parity import block
     from envace.benchmarks.scripted import ScriptedPolicy
     from envace.benchmarks.tau2 import evaluate
@@ -60,7 +61,8 @@ def test_a_solo_episode_is_scored_only_if_it_ends_with_taus_stop(tiny_tokenizer)
         return result["rewards"][task.id][0], result["endings"][task.id][0]
 
     assert run([*calls, block("done", {})]) == (1.0, "agent_stop")
-    assert run([*calls, "Fixed. ###STOP###"]) == (1.0, "agent_stop")
+    assert run([*calls, "Fixed. ###STOP###"]) == (0.0, "agent_error")
+    assert run([*calls, "###STOP###"]) == (0.0, "agent_error")
     assert run([*calls, "I fixed it."]) == (0.0, "agent_error")
     assert run([*calls, *calls, block("done", {})], max_steps=2 * len(calls) + 1) == (0.0, "max_steps")
     assert run([*calls, block("done", {})], max_steps=2 * len(calls)) == (0.0, "max_steps")  # the stop is the limit

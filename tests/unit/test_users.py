@@ -189,3 +189,31 @@ def test_a_user_who_fails_to_open_leaves_no_empty_training_row(tok):
     (ep,) = run(tok, [], [user_task(opens=True)], Failing())
     assert ep.stats.user_failures == 1 and ep.stats.user_turns == 0 and ep.act.token_ids == []
     assert ep.samples() == []  # an all-padding row would make the update's attention NaN
+
+
+def test_a_scripted_user_with_tools_runs_its_tool_lines_before_it_speaks() -> None:
+    """A line of ``<tool_call>`` blocks is the user operating its own tools (telecom's phone): the calls run, the next
+    line is the reply; without tools the same line is just text."""
+
+    class Phone:
+        def __init__(self) -> None:
+            self.calls: list[tuple[str, dict[str, Any]]] = []
+
+        def schemas(self, request: UserRequest) -> list[dict[str, Any]]:
+            return []
+
+        def call(self, request: UserRequest, call: ToolCall) -> str:
+            self.calls.append((call.name, call.arguments))
+            return "ok"
+
+    toggle = call_text("toggle_airplane_mode", {})
+    lines = {"bank-user": ["Hi.", toggle, call_text("check_status", {"verbose": True}), "Done. ###STOP###"]}
+    phone = Phone()
+    user = ScriptedUser(lines, tools=phone)
+    request = UserRequest(task=user_task(), messages=[], state={})
+    assert user.respond([request]) == [UserReply("Hi.")]
+    assert user.respond([request]) == [UserReply("Done.", stop=True)]
+    assert phone.calls == [("toggle_airplane_mode", {}), ("check_status", {"verbose": True})]
+    assert request.state["tool_calls"] == 2
+    plain = UserRequest(task=user_task(), messages=[], state={})
+    assert ScriptedUser(lines).respond([plain, plain])[1].content == toggle.strip()
