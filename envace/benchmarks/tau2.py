@@ -174,7 +174,8 @@ GREETING = "Hi! How can I help you today?"
 """tau^2's opening agent message; the simulated user answers it."""
 
 STOP_TOKEN = "###STOP###"
-"""``LLMSoloAgent.STOP_TOKEN``: a solo agent's message holding it is a stop."""
+"""``LLMSoloAgent.STOP_TOKEN``: the content a ``done`` call turns a solo agent's message into (the stop); written in
+plain text it is an agent error, as ``LLMSoloAgent`` accepts only tool calls."""
 
 DONE_TOOL = {"type": "function", "function": {
     "name": "done", "description": "Call this function when you are done with the task.",
