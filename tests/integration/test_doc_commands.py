@@ -363,18 +363,19 @@ class _Planned(Exception):  # noqa: N818
 
 
 PYTEST = '.venv/bin/python -m pytest -n "${ENVACE_TEST_WORKERS:-2}" --dist loadfile'
-"""What scripts/test.sh ends by executing (with its arguments)."""
+"""What scripts/test.sh runs (with its arguments)."""
 
 
 def bash_syntax(executes: str = "") -> Callable[[Path, list[str]], None]:
-    """A check: the script passes ``bash -n`` and (optionally) its last command executes ``executes`` with "$@"."""
+    """A check: the script passes ``bash -n`` and (optionally) runs ``executes`` with "$@"."""
     def check(ws: Path, words: list[str]) -> None:
         path = ROOT / _program(words)[0]
         done = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
         if executes:
-            last = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()][-1]
-            assert last == f'exec {executes} "$@"', f"{path.name} ends with {last!r}, not exec {executes} \"$@\""
+            runs = [line.strip().removeprefix("exec ") for line in path.read_text(encoding="utf-8").splitlines()]
+            assert any(line.startswith(f'{executes} "$@"') for line in runs), (
+                f"{path.name} never runs {executes} \"$@\"")
     return check
 
 
@@ -761,6 +762,11 @@ REGISTRY: dict[str, Entry] = {
         "benchmarks/vs_trl.py names"),
     "pip install -e '.[parquet]'": parse_only(
         "checks", extra_exists, "installs from the network; checked: the extra exists"),
+    "pip install -e '.[vllm]'": parse_only(
+        "checks", extra_exists, "installs vLLM's CUDA build from the network; checked: the extra exists"),
+    "scripts/test_vllm.sh": parse_only(
+        "checks", bash_syntax(".venv-vllm/bin/python -m pytest -p no:cacheprovider -n 0 tests/with_vllm"),
+        "scripts/test.sh runs it after this suite; checked: bash -n, and it executes pytest on tests/with_vllm"),
     "pip install -e <vitabench>": parse_only(
         "checks", vita_install_hint, "the user's own checkout of VitaBench's code (not shipped); checked: the loader "
         "names the same install"),

@@ -1,0 +1,160 @@
+"""``VLLMEngine``: the rollout on a colocated vLLM engine, token ids in, token ids and log-probs out.
+
+The engine lives in the trainer's process (vLLM's in-process engine core, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``), on
+the trainer's device, one per rank with tensor parallelism 1: the trainer hands it weights directly, with no server
+and no copy through another process. Prompts go in as token ids (``TokensPrompt``) and come back as token ids with
+each sampled token's log-probability under the engine; nothing is detokenised or re-tokenised.
+
+After every optimiser step the trainer calls ``load_weights`` with the policy's current weights (full weights, or a
+LoRA policy's merged ones); vLLM's own ``load_weights`` of the model class maps Hugging Face names onto its fused
+layers, and the prefix cache is cleared, since keys and values computed by the old weights are stale. On a GPU,
+``sleep`` and ``wake_up`` release and regain the engine's memory (weights and KV cache) around the update
+(``enable_sleep_mode``).
+
+vLLM is optional: ``pip install envace[vllm]`` on a CUDA machine, or ``scripts/setup_vllm_env.sh`` for the community
+CPU build in its own environment (it needs an older transformers than envace's main environment).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from envace.rollout.engine import Generation, SamplingParams
+
+INSTALL_HINT = ("vLLM is not installed: pip install 'envace[vllm]' on a CUDA machine, or bash "
+                "scripts/setup_vllm_env.sh for the CPU build (its own environment, .venv-vllm)")
+
+
+def require_vllm() -> Any:
+    """Import ``vllm`` with its engine core in this process, or say how to install it.
+
+    Raises:
+        ImportError: vLLM is missing, with the install command.
+    """
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the trainer hands the engine its weights
+    try:
+        import vllm
+    except ImportError as exc:
+        raise ImportError(INSTALL_HINT) from exc
+    if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0":
+        raise ValueError("VLLMEngine needs vLLM's engine core in the trainer's process: unset "
+                         "VLLM_ENABLE_V1_MULTIPROCESSING or set it to 0")
+    return vllm
+
+
+class VLLMEngine:
+    """Generates with a colocated vLLM engine (see the module docstring).
+
+    Args:
+        model: a Hugging Face model directory (or name) vLLM loads; the trainer's weights replace its weights at the
+            first ``load_weights``.
+        stop_ids: ids that end a turn (the chat template's end-of-turn token and the EOS token).
+        dtype: the engine's dtype (``auto``: the checkpoint's; match the trainer's for small log-prob gaps).
+        max_model_len: the longest prompt plus continuation (default: the model's).
+        gpu_memory_utilization: share of the GPU's memory vLLM may take (weights and KV cache) beside the trainer.
+        kv_cache_gib: on CPU, the KV cache size in whole GiB (``VLLM_CPU_KVCACHE_SPACE``).
+        enable_prefix_caching: reuse the keys and values of shared prompt prefixes (a multi-turn rollout's earlier
+            turns, a group's shared prompt).
+        enable_sleep_mode: allow ``sleep``/``wake_up`` (GPU only).
+        seed: the engine's sampling seed.
+        llm_kwargs: further ``vllm.LLM`` arguments (e.g. ``{"enforce_eager": False}``).
+    """
+
+    def __init__(
+        self,
+        model: str,
+        stop_ids: list[int],
+        dtype: str = "auto",
+        max_model_len: int | None = None,
+        gpu_memory_utilization: float = 0.3,
+        kv_cache_gib: int = 1,
+        enable_prefix_caching: bool = True,
+        enable_sleep_mode: bool = False,
+        seed: int = 0,
+        llm_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        vllm = require_vllm()
+        self.stop_ids = sorted(set(stop_ids))
+        self.generated_tokens = 0
+        self.sync_seconds: list[float] = []
+        self.asleep = False
+        on_gpu = torch.cuda.is_available()
+        if not on_gpu:
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
+        kwargs: dict[str, Any] = {
+            "model": model, "dtype": dtype, "seed": seed, "enable_prefix_caching": enable_prefix_caching,
+            "enforce_eager": not on_gpu, "tensor_parallel_size": 1, "max_model_len": max_model_len,
+        }
+        if on_gpu:
+            kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=enable_sleep_mode)
+        self.llm = vllm.LLM(**{**kwargs, **(llm_kwargs or {})})
+        self._tokens_prompt = vllm.inputs.TokensPrompt
+        self._sampling = vllm.SamplingParams
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        """One continuation per prompt, in order, with the engine's log-probability of each generated token."""
+        if self.asleep:
+            raise RuntimeError("VLLMEngine.generate: the engine is asleep; call wake_up() first")
+        if not prompts:
+            return []
+        sampling = self._sampling(
+            max_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
+            min_tokens=params.min_new_tokens, stop_token_ids=self.stop_ids, logprobs=0, detokenize=False,
+        )
+        requests = [self._tokens_prompt(prompt_token_ids=list(p)) for p in prompts]
+        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        out = [self._generation(o.outputs[0]) for o in outputs]
+        self.generated_tokens += sum(len(g.token_ids) for g in out)
+        return out
+
+    def _generation(self, completion: Any) -> Generation:
+        ids = list(completion.token_ids)
+        logprobs = [step[token].logprob for token, step in zip(ids, completion.logprobs or [])]
+        finished = bool(ids) and ids[-1] in self.stop_ids
+        return Generation(ids, finished, logprobs if len(logprobs) == len(ids) else None)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> float:
+        """Give the engine new weights (Hugging Face names); returns the seconds it took.
+
+        The prefix cache is cleared: its keys and values came from the old weights.
+        """
+        start = time.perf_counter()
+        named = [(name, tensor.detach()) for name, tensor in weights]
+        if not named:
+            raise ValueError("VLLMEngine.load_weights: no weights given")
+        self.llm.collective_rpc(_load_into_model, args=(named,))
+        self.llm.reset_prefix_cache()
+        seconds = time.perf_counter() - start
+        self.sync_seconds.append(seconds)
+        return seconds
+
+    def sleep(self) -> None:
+        """Release the engine's GPU memory (weights and KV cache) while the trainer updates (GPU only)."""
+        if torch.cuda.is_available():
+            self.llm.sleep(level=1)
+            self.asleep = True
+
+    def wake_up(self) -> None:
+        """Take the memory back after ``sleep``."""
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
+
+
+def _load_into_model(worker: Any, named: list[tuple[str, torch.Tensor]]) -> None:
+    """Runs on the engine's worker: vLLM's in-place ``reload_weights``.
+
+    It maps checkpoint names onto fused and repacked layers, then runs the layers' own post-load processing; a vLLM
+    without it gets the model's ``load_weights``.
+    """
+    if hasattr(worker, "reload_weights"):
+        worker.reload_weights(weights_iterator=iter(named), is_checkpoint_format=True)
+        return
+    model = worker.model_runner.model
+    device = next(model.parameters()).device
+    model.load_weights((name, t.to(device)) for name, t in named)
