@@ -13,7 +13,9 @@ summed over ranks and logged once per epoch. In ``test``, success can also be re
 from __future__ import annotations
 
 import re
+import tempfile
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -115,7 +117,7 @@ class GroupedSuccess:
 
 
 def policy_engine(module: L.LightningModule, model: nn.Module, tokenizer: Any, rollout: RolloutConfig,
-                  adapter: str | None = None) -> HFEngine:
+                  adapter: str | None = None) -> Any:
     """An engine that generates with ``model`` (through LoRA adapter ``adapter`` when given), as ``rollout.engine``."""
     trainer = module._trainer
     common: dict[str, Any] = {
@@ -128,9 +130,53 @@ def policy_engine(module: L.LightningModule, model: nn.Module, tokenizer: Any, r
             (lambda: adapter_context(model, adapter)) if adapter else None,
         ),
     }
+    if rollout.engine == "vllm":
+        if adapter is not None:
+            raise ValueError("rollout.engine: vllm serves one policy; per-role LoRA adapters (model.role_adapters) "
+                             "through vLLM's LoRA support are not built yet: use rollout.engine: cached")
+        return shared_vllm_engine(module, model, tokenizer, rollout)
     if rollout.engine == "cached":
         return CachedEngine(model, cache_entries=rollout.cache_entries, **common)
     return HFEngine(model, **common)
+
+
+def shared_vllm_engine(module: L.LightningModule, model: nn.Module, tokenizer: Any, rollout: RolloutConfig) -> Any:
+    """The module's one vLLM engine (the act and rehearse roles share it), started on first use.
+
+    It starts from the policy's checkpoint directory when there is one (``model.policy.init_args.name_or_path``),
+    else from the policy's current weights written to a temporary directory; either way the module gives it the
+    policy's weights before the first rollout (``EnvACEModule.sync_engine``).
+    """
+    from envace.rollout.vllm_engine import VLLMEngine
+
+    engine = getattr(module, "_vllm_engine", None)
+    if engine is not None:
+        return engine
+    source = getattr(getattr(module, "policy", None), "name_or_path", None)
+    stop_ids = [tokenizer.eos_token_id]
+    if isinstance(source, str) and Path(source, "config.json").is_file():
+        engine = VLLMEngine.from_options(source, stop_ids, rollout.vllm)
+    else:
+        with tempfile.TemporaryDirectory(prefix="envace-vllm-") as tmp:
+            write_checkpoint(model, tokenizer, Path(tmp))
+            engine = VLLMEngine.from_options(tmp, stop_ids, rollout.vllm)
+    module._vllm_engine = engine
+    return engine
+
+
+def write_checkpoint(model: nn.Module, tokenizer: Any, out: Path) -> None:
+    """The policy's config, tokenizer and current weights (LoRA merged) as a directory a serving engine loads."""
+    from safetensors.torch import save_file
+
+    from envace.rollout.weights import policy_weights
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base.config.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    tied = bool(getattr(base.config, "tie_word_embeddings", False))
+    weights = {name: t.contiguous().clone() for name, t in policy_weights(model)
+               if not (tied and name == "lm_head.weight")}
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
 
 
 def _any_active(module: L.LightningModule) -> Any:

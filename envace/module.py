@@ -148,6 +148,8 @@ class EnvACEModule(PolicyModule):
         self._nonfinite_streak = 0  # consecutive optimiser steps skipped for a non-finite loss or gradient
         self._nonfinite_skips = 0  # optimiser steps skipped so far in this training step
         self._failed_streak = 0  # consecutive training steps whose every episode failed
+        self._vllm_engine: Any = None  # the rollout engine, with rollout.engine: vllm (started on first use)
+        self._engine_step: int | None = None  # the global step whose weights that engine holds
         self.automatic_optimization = False
         self.policy = policy
         self.world = world if world is not None else RehearseWorld()
@@ -217,7 +219,8 @@ class EnvACEModule(PolicyModule):
             set_rng_state(self._pending_rng)
             self._pending_rng = None
         start = time.perf_counter()
-        generated_before = self.act_engine.generated_tokens + self.rehearse_engine.generated_tokens
+        synced = self.sync_engine()
+        generated_before = self._generated_tokens()
         group = self.grpo.group_size
         self.world.begin_rollout(int(self.global_step))
         with torch.no_grad():
@@ -231,19 +234,49 @@ class EnvACEModule(PolicyModule):
                 user=self.user,
                 turn_gate=self._turn_gate(),
             )
+        self._engine_rests()
         audited = self.quality.replay(episodes, int(self.global_step))
         score_episodes(episodes, self.rewards, self.shaping, self.quality.recorded)
         judge_masked = mask_groups_with_failed_judging(episodes)  # a judge failure drops its whole group
         quality = self.quality.after_scoring(episodes, audited, self.rewards)
         batch = self._collate(episodes, tasks)
         elapsed = time.perf_counter() - start
-        generated = self.act_engine.generated_tokens + self.rehearse_engine.generated_tokens - generated_before
+        generated = self._generated_tokens() - generated_before
         batch.metrics = {"rollout_time_s": elapsed, "generated_tokens": float(generated), **quality,
                          "judge_masked_episodes": float(judge_masked)}
+        if synced is not None:
+            batch.metrics["engine_sync_s"] = synced
         self._log_reward_metrics()
         batch.metrics.update({f"world_{k}": v for k, v in getattr(self.world, "metrics", dict)().items()})
         batch.metrics["rollout_tokens_per_s"] = generated / elapsed if elapsed > 0 else 0.0
         return batch
+
+    def _generated_tokens(self) -> int:
+        engines = {id(e): e for e in (self.act_engine, self.rehearse_engine)}.values()  # one engine may serve both
+        return sum(e.generated_tokens for e in engines)
+
+    def sync_engine(self) -> float | None:
+        """Give a separate rollout engine (vLLM) the policy's weights if an optimiser step changed them since.
+
+        A sleeping engine (``rollout.vllm.sleep``) is woken first. Returns the seconds the sync took, or None when
+        nothing was synced (the engine is current, or the policy generates with the trained model itself).
+        """
+        engine = getattr(self, "_vllm_engine", None)
+        if engine is None:
+            return None
+        engine.wake_up()
+        if self._engine_step == int(self.global_step):
+            return None
+        from envace.rollout.weights import policy_weights
+
+        seconds = engine.load_weights(policy_weights(self.model))
+        self._engine_step = int(self.global_step)
+        return seconds
+
+    def _engine_rests(self) -> None:
+        """With ``rollout.vllm.sleep``, the vLLM engine gives its GPU memory back until the next rollout."""
+        if self._vllm_engine is not None and self.rollout.vllm.sleep:
+            self._vllm_engine.sleep()
 
     def _collate(self, episodes: list[Episode], tasks: list[Task]) -> RolloutBatch:
         samples = [s for e in episodes for s in e.samples()]
@@ -625,5 +658,7 @@ class EnvACEModule(PolicyModule):
 
     def _evaluate(self, tasks: list[Task], prefix: str) -> None:
         self._bind_worlds()
+        self.sync_engine()
         self.evaluator.evaluate(self, tasks, prefix, self.act_engine, self.rehearse_engine, self.tokenizer)
+        self._engine_rests()
         self.last_episodes = self.evaluator.last_episodes

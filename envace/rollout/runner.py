@@ -23,6 +23,7 @@ from envace.roles.parsing import CallError, validate_call
 from envace.rollout.engine import Engine, Generation, SamplingParams, sessions
 from envace.rollout.rules import LoopRules
 from envace.rollout.stream import RenderDiverged, TokenStream, append_messages, context_stream
+from envace.rollout.vllm_engine import VLLMOptions
 from envace.types import Episode, Rehearsal, Role, Sample, Task, ToolCall, error_text
 from envace.users import UserRequest, UserSimulator
 from envace.worlds.base import ToolReply, ToolRequest, World, failed_reply
@@ -62,13 +63,16 @@ class RolloutConfig:
             benchmarks whose executors check nothing before running a call (BFCL, tau^2, VitaBench).
         engine: the policy's generation engine: ``cached`` (``CachedEngine``: each turn reuses the keys/values of
             the turns before it, finished rows leave the batch) or ``hf`` (``HFEngine``: one ``transformers``
-            ``generate`` per call, every prompt read from scratch). Both sample the same distribution.
+            ``generate`` per call, every prompt read from scratch); both sample the same distribution. ``vllm``
+            (``VLLMEngine``): a vLLM engine colocated with the trainer, one per rank, given the policy's weights
+            before each rollout that follows an optimiser step (docs/performance.md).
         cache_entries: with the cached engine, most sequences a rollout keeps for reuse (least recently used
             evicted); each costs its keys and values (``2 x layers x kv_heads x head_dim`` values per token).
         on_rerender: what happens when the chat template rewrites text already in the act row as a message is
             added (Qwen3 drops the reasoning of turns before the last user message): ``new_row`` (the EnvACE
             authors' behaviour) closes the row and starts the next generation in a new row from the re-rendered
             context, so a trained token is always a generated one; ``error`` refuses such a template.
+        vllm: the vLLM engine's settings (with ``engine: vllm``).
     """
 
     max_turns: int = 8
@@ -86,13 +90,14 @@ class RolloutConfig:
     max_steps_per_user_turn: int = 0
     max_user_turns: int = 0
     validate_calls: bool = True
-    engine: Literal["cached", "hf"] = "cached"
+    engine: Literal["cached", "hf", "vllm"] = "cached"
     cache_entries: int = 256
     on_rerender: RerenderPolicy = "new_row"
+    vllm: VLLMOptions = field(default_factory=VLLMOptions)
 
     def __post_init__(self) -> None:
-        if self.engine not in ("cached", "hf"):
-            raise ValueError(f"rollout.engine must be 'cached' or 'hf', got {self.engine!r}")
+        if self.engine not in ("cached", "hf", "vllm"):
+            raise ValueError(f"rollout.engine must be 'cached', 'hf' or 'vllm', got {self.engine!r}")
         if self.cache_entries < 1:
             raise ValueError(f"rollout.cache_entries must be at least 1, got {self.cache_entries}")
         if self.on_rerender not in ("new_row", "error"):

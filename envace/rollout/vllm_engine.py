@@ -19,12 +19,44 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from envace.rollout.engine import Generation, SamplingParams
+
+
+@dataclass(frozen=True)
+class VLLMOptions:
+    """The vLLM engine's settings (``model.rollout.vllm``, used with ``model.rollout.engine: vllm``).
+
+    Attributes:
+        dtype: the engine's dtype (``auto``: the checkpoint's); match the trainer's for small log-prob gaps.
+        gpu_memory_utilization: share of the GPU's memory vLLM may take (weights and KV cache) beside the trainer.
+        kv_cache_gib: on CPU, the KV cache size in whole GiB.
+        max_model_len: the longest prompt plus continuation (default: the model's).
+        sleep: release the engine's GPU memory while the trainer updates (vLLM's sleep mode).
+        enable_prefix_caching: reuse the keys and values of shared prompt prefixes.
+        seed: the engine's sampling seed.
+    """
+
+    dtype: str = "auto"
+    gpu_memory_utilization: float = 0.3
+    kv_cache_gib: int = 1
+    max_model_len: int | None = None
+    sleep: bool = False
+    enable_prefix_caching: bool = True
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"rollout.vllm.gpu_memory_utilization must be in (0, 1], got "
+                             f"{self.gpu_memory_utilization}")
+        if self.kv_cache_gib < 1:
+            raise ValueError(f"rollout.vllm.kv_cache_gib must be at least 1, got {self.kv_cache_gib}")
+
 
 INSTALL_HINT = ("vLLM is not installed: pip install 'envace[vllm]' on a CUDA machine, or bash "
                 "scripts/setup_vllm_env.sh for the CPU build (its own environment, .venv-vllm)")
@@ -89,12 +121,22 @@ class VLLMEngine:
         kwargs: dict[str, Any] = {
             "model": model, "dtype": dtype, "seed": seed, "enable_prefix_caching": enable_prefix_caching,
             "enforce_eager": not on_gpu, "tensor_parallel_size": 1, "max_model_len": max_model_len,
+            "generation_config": "vllm",  # sampling is the role's alone, not the checkpoint's defaults
         }
         if on_gpu:
             kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=enable_sleep_mode)
         self.llm = vllm.LLM(**{**kwargs, **(llm_kwargs or {})})
         self._tokens_prompt = vllm.inputs.TokensPrompt
         self._sampling = vllm.SamplingParams
+
+    @classmethod
+    def from_options(cls, model: str, stop_ids: list[int], options: VLLMOptions,
+                     llm_kwargs: dict[str, Any] | None = None) -> VLLMEngine:
+        """An engine with ``options`` (``model.rollout.vllm``)."""
+        return cls(model, stop_ids, dtype=options.dtype, max_model_len=options.max_model_len,
+                   gpu_memory_utilization=options.gpu_memory_utilization, kv_cache_gib=options.kv_cache_gib,
+                   enable_prefix_caching=options.enable_prefix_caching, enable_sleep_mode=options.sleep,
+                   seed=options.seed, llm_kwargs=llm_kwargs)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         """One continuation per prompt, in order, with the engine's log-probability of each generated token."""
@@ -124,10 +166,16 @@ class VLLMEngine:
         The prefix cache is cleared: its keys and values came from the old weights.
         """
         start = time.perf_counter()
-        named = [(name, tensor.detach()) for name, tensor in weights]
-        if not named:
+        count = [0]
+
+        def counted() -> Iterator[tuple[str, torch.Tensor]]:
+            for name, tensor in weights:
+                count[0] += 1
+                yield name, tensor.detach()
+
+        self.llm.collective_rpc(_load_into_model, args=(counted(),))  # in process: read one weight at a time
+        if count[0] == 0:
             raise ValueError("VLLMEngine.load_weights: no weights given")
-        self.llm.collective_rpc(_load_into_model, args=(named,))
         self.llm.reset_prefix_cache()
         seconds = time.perf_counter() - start
         self.sync_seconds.append(seconds)
@@ -146,14 +194,14 @@ class VLLMEngine:
             self.asleep = False
 
 
-def _load_into_model(worker: Any, named: list[tuple[str, torch.Tensor]]) -> None:
+def _load_into_model(worker: Any, named: Iterator[tuple[str, torch.Tensor]]) -> None:
     """Runs on the engine's worker: vLLM's in-place ``reload_weights``.
 
     It maps checkpoint names onto fused and repacked layers, then runs the layers' own post-load processing; a vLLM
     without it gets the model's ``load_weights``.
     """
     if hasattr(worker, "reload_weights"):
-        worker.reload_weights(weights_iterator=iter(named), is_checkpoint_format=True)
+        worker.reload_weights(weights_iterator=named, is_checkpoint_format=True)
         return
     model = worker.model_runner.model
     device = next(model.parameters()).device
