@@ -32,6 +32,7 @@ from envace.fidelity import reference_probes, rehearse_probes
 from envace.guard import CollusionGuard
 from envace.logprobs import token_logps
 from envace.losses.aggregation import TokenAggregator, TokenMean, role_weights
+from envace.losses.engine_gap import engine_correction
 from envace.losses.objective import LossWeights, envace_objective
 from envace.losses.policy import ClippedPolicyLoss
 from envace.metrics import failure_causes, rollout_metrics
@@ -136,6 +137,9 @@ class EnvACEModule(PolicyModule):
         test_group_by: str | None = None,
     ) -> None:
         super().__init__()
+        if grpo.tis_cap is not None and rollout.engine != "vllm":
+            raise ValueError("grpo.tis_cap corrects for a separate rollout engine's log-probs: it needs "
+                             f"rollout.engine: vllm, not {rollout.engine!r}")
         if fidelity_gate is not None and not 0.0 <= fidelity_gate <= 1.0:
             raise ValueError(f"fidelity_gate must be in [0, 1] or None, got {fidelity_gate}")
         self.fidelity_gate = fidelity_gate
@@ -632,12 +636,19 @@ class EnvACEModule(PolicyModule):
         )
         old = micro.old_logps if micro.old_logps is not None else logps.detach()
         g = self.grpo
+        gap: dict[str, Tensor] = {}
+        if self.rollout.engine == "vllm":  # every rank logs the same keys, with or without engine log-probs here
+            engine = micro.engine_logps if micro.engine_logps is not None else torch.full_like(old, float("nan"))
+            trained = micro.loss_mask * (~micro.is_align).float()[:, None]
+            tis, gap = engine_correction(old, engine, trained, g.tis_cap)
+            w = {**w, "act": w["act"] * tis, "rehearse": w["rehearse"] * tis}
         loss, stats = envace_objective(
             logps, old, micro.ref_logps, micro.advantages, micro.loss_mask, micro.row_role, micro.is_align,
             w["act"], w["rehearse"], w["align"], self.policy_loss,
             LossWeights(g.act_weight, g.rehearse_weight, g.align_weight, g.kl_weight, g.imitate_weight),
             weights_imitate=w["imitate"],
         )
+        stats.update(gap)
         if entropy is not None:
             for name, role in (("act", Role.ACT), ("rehearse", Role.REHEARSE)):
                 mask = micro.loss_mask * role_rows(micro, role).float()[:, None]

@@ -246,6 +246,8 @@ class Sample:
         group_index: GRPO group (task) index within the rollout batch.
         reward: scalar reward of this row (filled by the scorer).
         align: True for a teacher-forced world-model alignment row (cross-entropy, no advantage).
+        engine_logps: one per token: the generating engine's log-prob of each generated token (NaN elsewhere), or
+            None when the engine reported none (the trainer's own forward pass generated it).
     """
 
     token_ids: list[int]
@@ -256,6 +258,7 @@ class Sample:
     group_index: int
     reward: float = 0.0
     align: bool = False
+    engine_logps: list[float] | None = None
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -43,6 +43,10 @@ class GRPOConfig:
             analogue of the alignment term: each step's tasks that keep a reference trajectory add it as a
             teacher-forced act row; 0 turns it off).
         grad_clip: gradient-norm clip (0 disables).
+        tis_cap: truncated importance sampling against a separate rollout engine's log-probs (``rollout.engine:
+            vllm``): each generated token's policy-gradient term is weighted by ``min(pi_trainer / pi_engine,
+            tis_cap)`` (verl's and TRL's correction for the engine's small mismatch; 2 is their usual cap). None
+            leaves the update alone; the mismatch is logged either way (``engine_gap_*``).
         max_nonfinite_steps: an optimiser step whose loss (any head) or gradient is not finite is skipped (gradients
             zeroed, no ``optimizer.step``; ranks agree); this many consecutive skips stop training with an error that
             names the step and the heads. 0: never stop.
@@ -76,8 +80,11 @@ class GRPOConfig:
     max_nonfinite_steps: int = 3
     max_failed_steps: int = 10
     share_prefix: int = 0
+    tis_cap: float | None = None
 
     def __post_init__(self) -> None:
+        if self.tis_cap is not None and self.tis_cap <= 0:
+            raise ValueError(f"grpo.tis_cap must be > 0 or null, got {self.tis_cap}")
         for name in ("group_size", "ppo_epochs", "mini_batches", "micro_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"grpo.{name} must be at least 1, got {getattr(self, name)}")
@@ -120,14 +127,14 @@ def by_tokens(input_ids: Tensor, lengths: Tensor) -> Tensor:
 def sum_heads(stats: list[dict[str, Tensor]]) -> dict[str, Tensor]:
     """Reduce the statistics of one optimiser step's micro-batches.
 
-    Loss heads are sums (their weights were normalised over the whole mini-batch); entropies are token-weighted
-    means (their entries are ``[sum, count]`` pairs); rates are averaged over micro-batches. An empty list (a rank
-    whose mini-batch had no rows) gives an empty dict.
+    Loss heads are sums (their weights were normalised over the whole mini-batch); entropies and engine gaps are
+    token-weighted means (their entries are ``[sum, count]`` pairs); rates are averaged over micro-batches. An empty
+    list (a rank whose mini-batch had no rows) gives an empty dict.
     """
     out: dict[str, Tensor] = {}
     for key in stats[0] if stats else ():
         values = torch.stack([s[key].float() for s in stats])
-        if key.startswith("entropy_"):
+        if key.startswith(("entropy_", "engine_gap_")):
             total = values.sum(0)
             out[key] = total[0] / total[1].clamp(min=1.0)
         elif key.startswith(("loss", "kl")):

@@ -27,6 +27,8 @@ class RolloutBatch:
         episode_ids: episode index of each row (-1 for alignment rows).  # [N]
         old_logps: behaviour-policy log-probs, when the update needs them.  # [N, T]
         ref_logps: reference-policy log-probs, when a KL term is on.  # [N, T]
+        engine_logps: the rollout engine's log-prob of each generated token (NaN elsewhere), when any row's engine
+            reported them (vLLM).  # [N, T]
         episodes: the episodes behind the rows (for metrics and sample logs).
         metrics: rollout-side measurements (timings, token counts).
     """
@@ -43,6 +45,7 @@ class RolloutBatch:
     episode_ids: Tensor
     old_logps: Tensor | None = None
     ref_logps: Tensor | None = None
+    engine_logps: Tensor | None = None
     episodes: list[Episode] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
 
@@ -93,10 +96,17 @@ def collate(samples: list[Sample], temperatures: list[float], pad_id: int) -> Ro
     input_ids = torch.full((n, width), pad_id, dtype=torch.long)  # [N, T]
     attention_mask = torch.zeros((n, width), dtype=torch.long)  # [N, T]
     loss_mask = torch.zeros((n, width), dtype=torch.float32)  # [N, T]
+    engine_logps = None
+    if any(s.engine_logps is not None for s in samples):
+        engine_logps = torch.full((n, width), float("nan"), dtype=torch.float32)  # [N, T]
     for i, (s, length) in enumerate(zip(samples, lengths)):
         input_ids[i, :length] = torch.tensor(s.token_ids[:length], dtype=torch.long)
         attention_mask[i, :length] = 1
         loss_mask[i, :length] = torch.tensor(s.loss_mask[:length], dtype=torch.float32)
+        if engine_logps is not None and s.engine_logps is not None:
+            if len(s.engine_logps) != len(s):
+                raise ValueError(f"row {i}: engine_logps has {len(s.engine_logps)} entries for {len(s)} tokens")
+            engine_logps[i, :length] = torch.tensor(s.engine_logps[:length], dtype=torch.float32)
     return RolloutBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -108,6 +118,7 @@ def collate(samples: list[Sample], temperatures: list[float], pad_id: int) -> Ro
         temperatures=torch.tensor(temperatures, dtype=torch.float32),
         group_ids=torch.tensor([s.group_index for s in samples], dtype=torch.long),
         episode_ids=torch.tensor([s.episode_index for s in samples], dtype=torch.long),
+        engine_logps=engine_logps,
     )
 
 

@@ -194,8 +194,9 @@ class RehearsingRunner(EpisodeRunner):
         if cut is None or not full.startswith(closed):
             self.rerendered += 1
             return context_stream(self.tokenizer, s.transcript + [self._memory_message(text)], tools)
-        stream = TokenStream(s.stream.ids[: len(s.stream) - cut], s.stream.roles[: len(s.stream) - cut],
-                             s.stream.mask[: len(s.stream) - cut], closed)
+        keep = len(s.stream) - cut
+        stream = TokenStream(s.stream.ids[:keep], s.stream.roles[:keep], s.stream.mask[:keep], closed,
+                             s.stream.engine_logps[:keep])
         stream.extend(encode(self.tokenizer, full[len(closed):]), Role.SYSTEM, full[len(closed):])
         return stream
 
@@ -225,7 +226,8 @@ def _fork_episode(episode: Episode) -> Episode:
 
 def _fork_stream(stream: TokenStream | None) -> TokenStream:
     assert stream is not None, "an episode waiting for its user's first message has nothing to rehearse from"
-    return TokenStream(list(stream.ids), list(stream.roles), list(stream.mask), stream.text)
+    return TokenStream(list(stream.ids), list(stream.roles), list(stream.mask), stream.text,
+                       list(stream.engine_logps))
 
 
 def _header_tokens(tokenizer: PreTrainedTokenizerBase, stream: TokenStream, closed: str) -> int | None:

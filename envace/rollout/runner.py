@@ -12,6 +12,7 @@ Faults are isolated per episode: a world whose ``open`` raises (the environment'
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -246,8 +247,9 @@ class EpisodeRunner:
         stream = s.stream or TokenStream()
         act = s.episode.act
         act.token_ids, act.role_ids, act.loss_mask = stream.ids, stream.roles, stream.mask
-        s.episode.earlier_act = [Sample(r.ids, r.roles, r.mask, Role.ACT, act.episode_index, act.group_index)
-                                 for r in s.closed]
+        act.engine_logps = _known(stream.engine_logps)
+        s.episode.earlier_act = [Sample(r.ids, r.roles, r.mask, Role.ACT, act.episode_index, act.group_index,
+                                        engine_logps=_known(r.engine_logps)) for r in s.closed]
         for number, (row, generations) in enumerate(zip(s.episode.act_rows(), s.generated)):
             check_trained_tokens(row, generations, f"episode {act.episode_index} (task '{s.episode.task.id}'), "
                                  f"act row {number}")
@@ -281,7 +283,7 @@ class EpisodeRunner:
         body = gen.token_ids[:-1] if gen.finished else gen.token_ids
         raw = decode(self.tokenizer, body)
         text = decode(self.tokenizer, gen.token_ids)
-        s.stream.extend(gen.token_ids, Role.ACT, text, trained=True)
+        s.stream.extend(gen.token_ids, Role.ACT, text, trained=True, logps=gen.logprobs)
         s.generated[-1].append(list(gen.token_ids))
         s.transcript.append({"role": "assistant", "content": raw})
         s.episode.act_outputs.append((s.user_turn, raw))
@@ -558,3 +560,8 @@ def _assistant_message(content: str, reasoning: str, calls: list[ToolCall]) -> d
             {"type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls
         ]
     return message
+
+
+def _known(logps: list[float]) -> list[float] | None:
+    """A row's engine log-probs, or None when its engine reported none."""
+    return list(logps) if any(not math.isnan(x) for x in logps) else None

@@ -8,6 +8,7 @@ re-tokenised, so the ids the policy generated are the ids it is trained on.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,18 +45,31 @@ class TokenStream:
         roles: one ``Role`` value per token.
         mask: 1 on tokens trained in this stream's row.
         text: the text the ids decode to (kept to compute template deltas without decoding).
+        engine_logps: one per token: the generating engine's log-prob of a generated token, NaN elsewhere (prompts,
+            and engines that report none).
     """
 
     ids: list[int] = field(default_factory=list)
     roles: list[int] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
     text: str = ""
+    engine_logps: list[float] = field(default_factory=list)
 
-    def extend(self, ids: list[int], role: Role, text: str, *, trained: bool = False) -> None:
-        """Append ``ids`` (which decode to ``text``) with one role."""
+    def __post_init__(self) -> None:
+        if not self.engine_logps:
+            self.engine_logps = [math.nan] * len(self.ids)
+        elif len(self.engine_logps) != len(self.ids):
+            raise ValueError(f"TokenStream: {len(self.engine_logps)} log-probs for {len(self.ids)} tokens")
+
+    def extend(self, ids: list[int], role: Role, text: str, *, trained: bool = False,
+               logps: list[float] | None = None) -> None:
+        """Append ``ids`` (which decode to ``text``) with one role, and the engine's log-probs of them if known."""
+        if logps is not None and len(logps) != len(ids):
+            raise ValueError(f"TokenStream.extend: {len(logps)} log-probs for {len(ids)} tokens")
         self.ids.extend(ids)
         self.roles.extend([int(role)] * len(ids))
         self.mask.extend([int(trained)] * len(ids))
+        self.engine_logps.extend(logps if logps is not None else [math.nan] * len(ids))
         self.text += text
 
     def __len__(self) -> int:

@@ -122,6 +122,7 @@ class VLLMEngine:
             "model": model, "dtype": dtype, "seed": seed, "enable_prefix_caching": enable_prefix_caching,
             "enforce_eager": not on_gpu, "tensor_parallel_size": 1, "max_model_len": max_model_len,
             "generation_config": "vllm",  # sampling is the role's alone, not the checkpoint's defaults
+            "logprobs_mode": "processed_logprobs",  # after temperature, as the trainer computes them
         }
         if on_gpu:
             kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=enable_sleep_mode)

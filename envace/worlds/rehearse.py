@@ -6,6 +6,7 @@ Each call gets a fresh rehearse-role chat (``envace.roles.rehearse``); the gener
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from torch import nn
@@ -104,6 +105,7 @@ class RehearseWorld:
             role=Role.REHEARSE,
             episode_index=req.episode_index,
             group_index=req.group_index,
+            engine_logps=[math.nan] * len(prompt.ids) + gen.logprobs if gen.logprobs is not None else None,
         )
         sample = sample if self.trained else None
         return ToolReply(

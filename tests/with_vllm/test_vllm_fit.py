@@ -28,7 +28,8 @@ def test_a_two_step_fit_rolls_out_with_vllm_and_syncs_after_every_step(tmp_path:
             "--trainer.callbacks=[]", "--model.grpo.group_size=2", "--model.rollout.act_max_new_tokens=16",
             "--model.rollout.rehearse_max_new_tokens=16", "--model.rollout.engine=vllm",
             "--model.rollout.vllm.dtype=float32", "--model.rollout.check_render=true",
-            "--model.policy.init_args.hidden=128"]  # head size 32: the smallest vLLM's CPU attention runs
+            "--model.policy.init_args.hidden=128",  # head size 32: the smallest vLLM's CPU attention runs
+            "--model.grpo.tis_cap=2.0"]
     with mock.patch.object(sys, "argv", ["envace"]):
         cli = cli_main(args, run=False)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
@@ -42,6 +43,10 @@ def test_a_two_step_fit_rolls_out_with_vllm_and_syncs_after_every_step(tmp_path:
     assert len(scalars["train/engine_sync_s"]) == 2 and min(scalars["train/engine_sync_s"]) > 0
     assert min(scalars["train/generated_tokens"]) > 0 and "train/loss" in scalars
     assert len(engine.sync_seconds) == 2  # before each rollout: the initial weights, then step 1's
+    # The engine's log-probs came with its tokens; in float32 they match the trainer's to rounding, so the
+    # truncated importance weights (cap 2) are all but 1 and clip nothing.
+    assert max(scalars["train/engine_gap_logp"]) < 1e-3 and max(scalars["train/engine_gap_kl"]) < 1e-5
+    assert max(scalars["train/engine_gap_tis_clipped"]) == 0.0
 
     # The engine now gets step 2's weights and writes what the trained model writes.
     assert module.sync_engine() is not None and module.sync_engine() is None  # synced once per optimiser step
