@@ -13,6 +13,11 @@ Efficiency = rollout tokens/s over plain tokens/s.
 A second baseline, the first prompts alone with the same number of new tokens, is printed too: it never reads the
 tool responses, so it does less work than the rollout (its ratio is the lower ``efficiency_first_prompt``).
 
+``--engine vllm`` (in an environment with vLLM: ``.venv-vllm`` on CPU) rolls out with ``VLLMEngine`` on ``--model``
+(a checkpoint directory) and measures the baselines with one raw vLLM ``LLM.generate`` on the same engine (token
+prompts, ``ignore_eos``); the prefix cache is cleared before every timed run, so no run reuses another's prompts.
+Its last line is ``SUMMARY vllm_efficiency=<...> vllm_efficiency_first_prompt=<...>``.
+
 Run from the repository root: ``.venv/bin/python benchmarks/rollout_efficiency.py [--tasks N] [--group-size G]``.
 It prints a table and, last, ``SUMMARY efficiency=<rollout tokens/s over length-matched plain generate tokens/s>
 efficiency_first_prompt=<...>``.
@@ -70,11 +75,38 @@ class CountingEngine:
         return self.engine.generate(prompts, params)
 
 
-def build(model: str) -> tuple[Any, Any]:
+class RawVLLM:
+    """The baseline on vLLM: one ``LLM.generate`` over token prompts, ``new_tokens`` each, no stop."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    def measure(self, prompts: list[list[int]], new_tokens: int) -> Measure:
+        """One timed raw ``generate`` (prefix cache cleared first)."""
+        import vllm
+
+        params = vllm.SamplingParams(max_tokens=new_tokens, temperature=1.0, ignore_eos=True, detokenize=False)
+        requests = [vllm.inputs.TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+        self.engine.llm.reset_prefix_cache()
+        start = time.perf_counter()
+        outputs = self.engine.llm.generate(requests, params, use_tqdm=False)
+        seconds = time.perf_counter() - start
+        return Measure(seconds, sum(len(o.outputs[0].token_ids) for o in outputs), 1)
+
+
+def vllm_engine(model_dir: str, tokenizer: Any) -> Any:
+    """``VLLMEngine`` on ``model_dir``, in the model's own dtype (``--engine vllm``)."""
+    from envace.rollout.vllm_engine import VLLMEngine
+
+    return VLLMEngine(model_dir, stop_ids=[tokenizer.eos_token_id], dtype="auto")
+
+
+def build(model: str, chat_template: str | None = None) -> tuple[Any, Any]:
     """The model (eval mode) and tokenizer: the tiny policy, or a local Hugging Face checkpoint."""
     from envace.policy import HFPolicy, TinyPolicy
 
-    network, tokenizer = (TinyPolicy() if model == "tiny" else HFPolicy(model)).build()
+    policy = TinyPolicy() if model == "tiny" else HFPolicy(model, chat_template=chat_template)
+    network, tokenizer = policy.build()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     return network.to(device).eval(), tokenizer
 
@@ -88,9 +120,14 @@ def rollout(model: Any, tokenizer: Any, tasks: list[Any],
     from envace.rollout.runner import EpisodeRunner, RolloutConfig
     from envace.worlds import RealWorld, RehearseWorld
 
-    kind = CachedEngine if args.engine == "cached" else HFEngine
-    engine = CountingEngine(kind(model, pad_id=tokenizer.pad_token_id, stop_ids=[tokenizer.eos_token_id],
-                                 max_batch_size=args.batch_limit))  # as training's engine (the turn's end)
+    if args.engine == "vllm":
+        args.vllm.llm.reset_prefix_cache()  # each timed run starts cold, as the raw baseline does
+        engine = CountingEngine(args.vllm)
+    else:
+        kind = CachedEngine if args.engine == "cached" else HFEngine
+        engine = CountingEngine(kind(model, pad_id=tokenizer.pad_token_id, stop_ids=[tokenizer.eos_token_id],
+                                     max_batch_size=args.batch_limit))  # as training's engine (the turn's end)
+    before = engine.engine.generated_tokens
     world = RehearseWorld() if args.world == "rehearse" else RealWorld()
     world.bind(tokenizer, model)
     config = RolloutConfig(max_turns=args.max_turns, act_max_new_tokens=args.act_max_new_tokens,
@@ -104,7 +141,7 @@ def rollout(model: Any, tokenizer: Any, tasks: list[Any],
     seconds = time.perf_counter() - start
     prompts = [_first_prompt(e) for e in episodes]
     contexts = [_context(e) for e in episodes]
-    return Measure(seconds, engine.engine.generated_tokens, engine.calls), prompts, contexts
+    return Measure(seconds, engine.engine.generated_tokens - before, engine.calls), prompts, contexts
 
 
 def _first_prompt(episode: Any) -> list[int]:
@@ -146,8 +183,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default="tiny", help="tiny, or a local Hugging Face checkpoint directory")
     parser.add_argument("--tasks", default="builtin:bank-test:16", help="a task set (data.train_tasks syntax)")
     parser.add_argument("--group-size", type=int, default=4)
-    parser.add_argument("--engine", default="cached", choices=("cached", "hf"),
-                        help="the rollout's engine: CachedEngine (prefix reuse, finished rows leave) or HFEngine")
+    parser.add_argument("--engine", default="cached", choices=("cached", "hf", "vllm"),
+                        help="the rollout's engine: CachedEngine (prefix reuse, finished rows leave), HFEngine, or "
+                             "VLLMEngine (needs vLLM and a checkpoint directory as --model)")
+    parser.add_argument("--chat-template", default=None,
+                        help="a checkpoint's chat template replaced (e.g. chatml-tools for SmolLM2, whose own ignores "
+                             "tools)")
     parser.add_argument("--world", default="rehearse", choices=("rehearse", "real"))
     parser.add_argument("--max-turns", type=int, default=5)
     parser.add_argument("--act-max-new-tokens", type=int, default=48)
@@ -163,7 +204,17 @@ def main(argv: list[str] | None = None) -> None:
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    model, tokenizer = build(args.model)
+    if args.engine == "vllm" and args.model == "tiny":
+        parser.error("--engine vllm needs a checkpoint directory as --model (e.g. models/smollm2-135m-instruct)")
+    model, tokenizer = build(args.model, args.chat_template)
+    args.vllm = vllm_engine(args.model, tokenizer) if args.engine == "vllm" else None
+    raw = RawVLLM(args.vllm) if args.vllm is not None else None
+
+    def baseline(prompts: list[list[int]], new_tokens: int) -> Measure:
+        if raw is not None:
+            return raw.measure(prompts, new_tokens)
+        return plain(model, tokenizer, prompts, new_tokens, args.batch_limit)
+
     tasks = load_task_set(args.tasks)
     rollout(model, tokenizer, tasks[:1], args)  # warm-up
     runs, matched, firsts = [], [], []
@@ -171,21 +222,23 @@ def main(argv: list[str] | None = None) -> None:
         measure, prompts, contexts = rollout(model, tokenizer, tasks, args)
         per_sequence = max(1, round(measure.tokens / len(prompts)))
         runs.append(measure)
-        matched.append(plain(model, tokenizer, contexts, per_sequence, args.batch_limit))
-        firsts.append(plain(model, tokenizer, prompts, per_sequence, args.batch_limit))
+        matched.append(baseline(contexts, per_sequence))
+        firsts.append(baseline(prompts, per_sequence))
     rate = statistics.median(m.rate for m in runs)
     episodes = len(tasks) * args.group_size
+    plain_name = "raw vLLM generate" if raw is not None else "plain generate"
     rows = [["run", "sequences", "prompt tokens/seq", "generate calls", "new tokens", "seconds", "tokens/s"],
             _row(f"envace rollout ({args.engine})", episodes, statistics.fmean(len(p) for p in prompts), runs),
-            _row("plain generate, same lengths", episodes, statistics.fmean(len(c) for c in contexts), matched),
-            _row("plain generate, first prompts", episodes, statistics.fmean(len(p) for p in prompts), firsts)]
+            _row(f"{plain_name}, same lengths", episodes, statistics.fmean(len(c) for c in contexts), matched),
+            _row(f"{plain_name}, first prompts", episodes, statistics.fmean(len(p) for p in prompts), firsts)]
     print(table(rows))  # noqa: T201
     print(f"\n{args.model} model, {args.world} world, {episodes} episodes ({len(tasks)} tasks x {args.group_size}), "  # noqa: T201
           f"median of {args.repeats} runs, {args.threads} torch thread(s), "
           f"{'CUDA' if torch.cuda.is_available() else 'CPU'}. The rollout's prompt tokens/seq is its first prompt; "
           "its later prompts add the tool responses that the same-lengths row reads in one prefill.")
-    print(f"SUMMARY efficiency={rate / statistics.median(m.rate for m in matched):.3f} "  # noqa: T201
-          f"efficiency_first_prompt={rate / statistics.median(m.rate for m in firsts):.3f}")
+    key = "vllm_efficiency" if raw is not None else "efficiency"
+    print(f"SUMMARY {key}={rate / statistics.median(m.rate for m in matched):.3f} "  # noqa: T201
+          f"{key}_first_prompt={rate / statistics.median(m.rate for m in firsts):.3f}")
 
 
 def _row(name: str, sequences: int, prompt_tokens: float, measures: list[Measure]) -> list[str]:
