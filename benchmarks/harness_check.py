@@ -138,8 +138,7 @@ def parity_lines() -> tuple[list[str], int, int]:
         passes = sum(v.envace > 0 for v in verdicts)
         lines.append(f"| {key[0]} | {key[1]} | {len(verdicts)} | {kinds} | {agree} | {passes} | {seconds[key]:.1f} |")
     every = [v for vs in groups.values() for v in vs]
-    misses = [f"- {v.case.name}: envace {v.envace} ({v.envace_detail}), official {v.official} ({v.official_detail})"
-              for v in every if not v.agree]
+    misses = [f"- {v.describe()}" for v in every if not v.agree]
     if misses:
         lines += ["", "Disagreements:", *misses]
     return lines, sum(v.agree for v in every), len(every)

@@ -265,7 +265,7 @@ class EnvACEModule(PolicyModule):
         A sleeping engine (``rollout.vllm.sleep``) is woken first. Returns the seconds the sync took, or None when
         nothing was synced (the engine is current, or the policy generates with the trained model itself).
         """
-        engine = getattr(self, "_vllm_engine", None)
+        engine = self._vllm_engine
         if engine is None:
             return None
         engine.wake_up()

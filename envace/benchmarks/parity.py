@@ -75,6 +75,11 @@ class Verdict:
         return self.envace == self.official and (self.case.benchmark != "tau2"
                                                  or self.envace_detail == self.official_detail)
 
+    def describe(self) -> str:
+        """``<case>: envace <verdict> (<detail>), official <verdict> (<detail>)``."""
+        return (f"{self.case.name}: envace {self.envace} ({self.envace_detail}), official {self.official} "
+                f"({self.official_detail})")
+
 
 def block(name: Any, arguments: Any) -> str:
     """One ``<tool_call>`` block as envace's templates write it."""

@@ -357,10 +357,14 @@ def calls_done(text: str) -> bool:
     in plain text included, and ``run_tasks`` scores that run 0.
     """
     from envace.roles.parsing import parse_act_output
+
+    return _has_done(parse_act_output(text).calls)
+
+
+def _has_done(calls: list[Any]) -> bool:
     from envace.types import ToolCall
 
-    return any(isinstance(c, ToolCall) and c.name == DONE_TOOL["function"]["name"]
-               for c in parse_act_output(text).calls)
+    return any(isinstance(c, ToolCall) and c.name == DONE_TOOL["function"]["name"] for c in calls)
 
 
 class Tau2Rules(LoopRules):
@@ -387,7 +391,7 @@ class Tau2Rules(LoopRules):
     def parse(self, text: str) -> Any:
         """The envace parser; in solo mode a turn calling ``done`` becomes the stop message."""
         turn = super().parse(text)
-        if self.solo and calls_done(text):
+        if self.solo and _has_done(turn.calls):
             turn.content, turn.calls, turn.malformed = STOP_TOKEN, [], False
         return turn
 

@@ -37,8 +37,7 @@ def test_the_cases_cover_every_category_and_kind_of_perturbation() -> None:
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_envaces_verdict_is_the_official_one(case: parity.Case, tiny_tokenizer) -> None:
     verdict = parity.run_case(case, tiny_tokenizer)
-    assert verdict.agree, (f"{case.name}: envace {verdict.envace} ({verdict.envace_detail}), official "
-                           f"{verdict.official} ({verdict.official_detail})")
+    assert verdict.agree, verdict.describe()
 
 
 def test_the_verdicts_are_not_all_alike(tiny_tokenizer) -> None:
