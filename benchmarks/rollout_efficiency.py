@@ -14,9 +14,14 @@ A second baseline, the first prompts alone with the same number of new tokens, i
 tool responses, so it does less work than the rollout (its ratio is the lower ``efficiency_first_prompt``).
 
 ``--engine vllm`` (in an environment with vLLM: ``.venv-vllm`` on CPU) rolls out with ``VLLMEngine`` on ``--model``
-(a checkpoint directory) and measures the baselines with one raw vLLM ``LLM.generate`` on the same engine (token
-prompts, ``ignore_eos``); the prefix cache is cleared before every timed run, so no run reuses another's prompts.
-Its last line is ``SUMMARY vllm_efficiency=<...> vllm_efficiency_first_prompt=<...>``.
+(a checkpoint directory), scheduling per episode (``rollout.continuous``; ``--schedule lockstep`` for the lock-step
+micro-steps), and measures the baselines with one raw vLLM ``LLM.generate`` on the same engine (token prompts,
+``ignore_eos``); the prefix cache is cleared before every timed run, so no run reuses another's prompts. vLLM takes a
+length per row, so its main baseline is the same work exactly: each row reads its episode's context and generates
+as many tokens as the episode generated (``each episode's lengths``); the mean-length row spreads the same total
+evenly, which no rollout can match when a few episodes run longer than the rest. Its last line is
+``SUMMARY vllm_efficiency=<over each episode's lengths> vllm_efficiency_mean_length=<...>
+vllm_efficiency_first_prompt=<...>``.
 
 Run from the repository root: ``.venv/bin/python benchmarks/rollout_efficiency.py [--tasks N] [--group-size G]``.
 It prints a table and, last, ``SUMMARY efficiency=<rollout tokens/s over length-matched plain generate tokens/s>
@@ -58,10 +63,22 @@ class Measure:
 
 
 class CountingEngine:
-    """An engine that counts its ``generate`` calls (the rollout's micro-steps)."""
+    """An engine that counts its ``generate`` calls (the rollout's micro-steps), or its ``wait`` calls when it takes
+    requests one at a time (``VLLMEngine``: the rollout then schedules per episode)."""
 
-    def __init__(self, engine: HFEngine) -> None:
+    def __init__(self, engine: Any) -> None:
         self.engine, self.calls = engine, 0
+        if hasattr(engine, "queue"):
+            self.queue = engine.queue
+
+    def submit(self, prompt: list[int], params: SamplingParams) -> int:
+        """Queue one prompt on the wrapped engine."""
+        return self.engine.submit(prompt, params)
+
+    def wait(self) -> Any:
+        """Wait and count."""
+        self.calls += 1
+        return self.engine.wait()
 
     def session(self) -> Any:
         """The wrapped engine's rollout session (a no-op context for an engine without one)."""
@@ -81,11 +98,13 @@ class RawVLLM:
     def __init__(self, engine: Any) -> None:
         self.engine = engine
 
-    def measure(self, prompts: list[list[int]], new_tokens: int) -> Measure:
-        """One timed raw ``generate`` (prefix cache cleared first)."""
+    def measure(self, prompts: list[list[int]], new_tokens: int | list[int]) -> Measure:
+        """One timed raw ``generate`` (prefix cache cleared first): ``new_tokens`` per row, or each row its own."""
         import vllm
 
-        params = vllm.SamplingParams(max_tokens=new_tokens, temperature=1.0, ignore_eos=True, detokenize=False)
+        lengths = new_tokens if isinstance(new_tokens, list) else [new_tokens] * len(prompts)
+        params = [vllm.SamplingParams(max_tokens=n, temperature=1.0, ignore_eos=True, detokenize=False)
+                  for n in lengths]
         requests = [vllm.inputs.TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
         self.engine.llm.reset_prefix_cache()
         start = time.perf_counter()
@@ -112,8 +131,9 @@ def build(model: str, chat_template: str | None = None) -> tuple[Any, Any]:
 
 
 def rollout(model: Any, tokenizer: Any, tasks: list[Any],
-            args: argparse.Namespace) -> tuple[Measure, list[list[int]], list[list[int]]]:
-    """One rollout of ``tasks`` x group size; the measure, each episode's first act prompt, and its context.
+            args: argparse.Namespace) -> tuple[Measure, list[list[int]], list[list[int]], list[int]]:
+    """One rollout of ``tasks`` x group size; the measure, each episode's first act prompt, its context, and the
+    number of tokens generated for it (both roles).
 
     The context is every token of the act stream the act role did not generate (first prompt, tool responses).
     """
@@ -133,7 +153,7 @@ def rollout(model: Any, tokenizer: Any, tasks: list[Any],
     config = RolloutConfig(max_turns=args.max_turns, act_max_new_tokens=args.act_max_new_tokens,
                            rehearse_max_new_tokens=args.rehearse_max_new_tokens, act_temperature=1.0,
                            rehearse_temperature=1.0, max_context_tokens=args.max_context_tokens,
-                           generate_batch_size=args.batch_limit)
+                           generate_batch_size=args.batch_limit, continuous=args.schedule == "continuous")
     episodes_tasks = [t for t in tasks for _ in range(args.group_size)]
     groups = [i for i in range(len(tasks)) for _ in range(args.group_size)]
     start = time.perf_counter()
@@ -141,7 +161,14 @@ def rollout(model: Any, tokenizer: Any, tasks: list[Any],
     seconds = time.perf_counter() - start
     prompts = [_first_prompt(e) for e in episodes]
     contexts = [_context(e) for e in episodes]
-    return Measure(seconds, engine.engine.generated_tokens - before, engine.calls), prompts, contexts
+    generated = [_generated(e) for e in episodes]
+    return Measure(seconds, engine.engine.generated_tokens - before, engine.calls), prompts, contexts, generated
+
+
+def _generated(episode: Any) -> int:
+    """Tokens generated for an episode: its act turns and its rehearsed responses."""
+    rows = [r for r in episode.act_rows()] + [r.sample for r in episode.rehearsals if r.sample is not None]
+    return sum(sum(r.loss_mask) for r in rows)
 
 
 def _first_prompt(episode: Any) -> list[int]:
@@ -190,6 +217,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="a checkpoint's chat template replaced (e.g. chatml-tools for SmolLM2, whose own ignores "
                              "tools)")
     parser.add_argument("--world", default="rehearse", choices=("rehearse", "real"))
+    parser.add_argument("--schedule", default="continuous", choices=("continuous", "lockstep"),
+                        help="with --engine vllm: per-episode scheduling (rollout.continuous, the default) or "
+                             "lock-step micro-steps (the other engines always run lock-step)")
     parser.add_argument("--max-turns", type=int, default=5)
     parser.add_argument("--act-max-new-tokens", type=int, default=48)
     parser.add_argument("--rehearse-max-new-tokens", type=int, default=32)
@@ -217,28 +247,42 @@ def main(argv: list[str] | None = None) -> None:
 
     tasks = load_task_set(args.tasks)
     rollout(model, tokenizer, tasks[:1], args)  # warm-up
-    runs, matched, firsts = [], [], []
+    runs, exact, matched, firsts = [], [], [], []
     for _ in range(args.repeats):
-        measure, prompts, contexts = rollout(model, tokenizer, tasks, args)
+        measure, prompts, contexts, generated = rollout(model, tokenizer, tasks, args)
         per_sequence = max(1, round(measure.tokens / len(prompts)))
         runs.append(measure)
+        if raw is not None:  # vLLM takes one length per row: each sequence generates what its episode generated
+            exact.append(raw.measure(contexts, [max(1, n) for n in generated]))
         matched.append(baseline(contexts, per_sequence))
         firsts.append(baseline(prompts, per_sequence))
     rate = statistics.median(m.rate for m in runs)
     episodes = len(tasks) * args.group_size
     plain_name = "raw vLLM generate" if raw is not None else "plain generate"
+    context_len = statistics.fmean(len(c) for c in contexts)
     rows = [["run", "sequences", "prompt tokens/seq", "generate calls", "new tokens", "seconds", "tokens/s"],
-            _row(f"envace rollout ({args.engine})", episodes, statistics.fmean(len(p) for p in prompts), runs),
-            _row(f"{plain_name}, same lengths", episodes, statistics.fmean(len(c) for c in contexts), matched),
-            _row(f"{plain_name}, first prompts", episodes, statistics.fmean(len(p) for p in prompts), firsts)]
+            _row(f"envace rollout ({args.engine}, {_schedule(args)})", episodes,
+                 statistics.fmean(len(p) for p in prompts), runs)]
+    if exact:
+        rows.append(_row(f"{plain_name}, each episode's lengths", episodes, context_len, exact))
+    rows += [_row(f"{plain_name}, mean length", episodes, context_len, matched),
+             _row(f"{plain_name}, first prompts", episodes, statistics.fmean(len(p) for p in prompts), firsts)]
     print(table(rows))  # noqa: T201
     print(f"\n{args.model} model, {args.world} world, {episodes} episodes ({len(tasks)} tasks x {args.group_size}), "  # noqa: T201
           f"median of {args.repeats} runs, {args.threads} torch thread(s), "
           f"{'CUDA' if torch.cuda.is_available() else 'CPU'}. The rollout's prompt tokens/seq is its first prompt; "
-          "its later prompts add the tool responses that the same-lengths row reads in one prefill.")
-    key = "vllm_efficiency" if raw is not None else "efficiency"
-    print(f"SUMMARY {key}={rate / statistics.median(m.rate for m in matched):.3f} "  # noqa: T201
-          f"{key}_first_prompt={rate / statistics.median(m.rate for m in firsts):.3f}")
+          "its later prompts add the tool responses that the baselines read in one prefill.")
+    if exact:
+        print(f"SUMMARY vllm_efficiency={rate / statistics.median(m.rate for m in exact):.3f} "  # noqa: T201
+              f"vllm_efficiency_mean_length={rate / statistics.median(m.rate for m in matched):.3f} "
+              f"vllm_efficiency_first_prompt={rate / statistics.median(m.rate for m in firsts):.3f}")
+        return
+    print(f"SUMMARY efficiency={rate / statistics.median(m.rate for m in matched):.3f} "  # noqa: T201
+          f"efficiency_first_prompt={rate / statistics.median(m.rate for m in firsts):.3f}")
+
+
+def _schedule(args: argparse.Namespace) -> str:
+    return args.schedule if args.engine == "vllm" else "lock-step"
 
 
 def _row(name: str, sequences: int, prompt_tokens: float, measures: list[Measure]) -> list[str]:

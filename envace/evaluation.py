@@ -131,10 +131,8 @@ def policy_engine(module: L.LightningModule, model: nn.Module, tokenizer: Any, r
         ),
     }
     if rollout.engine == "vllm":
-        if adapter is not None:
-            raise ValueError("rollout.engine: vllm serves one policy; per-role LoRA adapters (model.role_adapters) "
-                             "through vLLM's LoRA support are not built yet: use rollout.engine: cached")
-        return shared_vllm_engine(module, model, tokenizer, rollout)
+        engine = shared_vllm_engine(module, model, tokenizer, rollout)
+        return engine.adapter(adapter) if adapter else engine
     if rollout.engine == "cached":
         return CachedEngine(model, cache_entries=rollout.cache_entries, **common)
     return HFEngine(model, **common)
@@ -145,37 +143,53 @@ def shared_vllm_engine(module: L.LightningModule, model: nn.Module, tokenizer: A
 
     It starts from the policy's checkpoint directory when there is one (``model.policy.init_args.name_or_path``),
     else from the policy's current weights written to a temporary directory; either way the module gives it the
-    policy's weights before the first rollout (``EnvACEModule.sync_engine``).
+    policy's weights before the first rollout (``EnvACEModule.sync_engine``). With per-role LoRA adapters
+    (``model.role_adapters``) it holds the base weights and serves each role's adapter through vLLM's LoRA support.
     """
     from envace.rollout.vllm_engine import VLLMEngine
 
     engine = getattr(module, "_vllm_engine", None)
     if engine is not None:
         return engine
-    source = getattr(getattr(module, "policy", None), "name_or_path", None)
+    policy = getattr(module, "policy", None)
+    source = getattr(policy, "name_or_path", None)
     stop_ids = [tokenizer.eos_token_id]
+    rank = _adapter_rank(model) if getattr(module, "role_adapters", None) else None
     if isinstance(source, str) and Path(source, "config.json").is_file():
-        engine = VLLMEngine.from_options(source, stop_ids, rollout.vllm)
+        engine = VLLMEngine.from_options(source, stop_ids, rollout.vllm, max_lora_rank=rank)
     else:
         with tempfile.TemporaryDirectory(prefix="envace-vllm-") as tmp:
-            write_checkpoint(model, tokenizer, Path(tmp))
-            engine = VLLMEngine.from_options(tmp, stop_ids, rollout.vllm)
+            write_checkpoint(model, tokenizer, Path(tmp), merge_lora=rank is None)
+            engine = VLLMEngine.from_options(tmp, stop_ids, rollout.vllm, max_lora_rank=rank)
     module._vllm_engine = engine
     return engine
 
 
-def write_checkpoint(model: nn.Module, tokenizer: Any, out: Path) -> None:
-    """The policy's config, tokenizer and current weights (LoRA merged) as a directory a serving engine loads."""
+def _adapter_rank(model: nn.Module) -> int:
+    """The largest rank of the model's LoRA adapters (what the engine must be able to serve)."""
+    configs = getattr(model, "peft_config", None)
+    if not configs:
+        raise ValueError("model.role_adapters needs a LoRA policy with those adapters (model.policy.init_args.lora "
+                         "and adapters)")
+    return max(int(c.r) for c in configs.values())
+
+
+def write_checkpoint(model: nn.Module, tokenizer: Any, out: Path, merge_lora: bool = True) -> None:
+    """The policy's config, tokenizer and current weights as a directory a serving engine loads.
+
+    ``merge_lora``: the active LoRA adapter's update is added to the base weights; False writes the base alone
+    (an engine that applies the adapters itself).
+    """
     from safetensors.torch import save_file
 
-    from envace.rollout.weights import policy_weights
+    from envace.rollout.weights import base_weights, policy_weights
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     base.config.save_pretrained(out)
     tokenizer.save_pretrained(out)
     tied = bool(getattr(base.config, "tie_word_embeddings", False))
-    weights = {name: t.contiguous().clone() for name, t in policy_weights(model)
-               if not (tied and name == "lm_head.weight")}
+    named = policy_weights(model) if merge_lora else base_weights(model)
+    weights = {name: t.contiguous().clone() for name, t in named if not (tied and name == "lm_head.weight")}
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
 
 

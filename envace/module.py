@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import copy
 import logging
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -153,6 +155,7 @@ class EnvACEModule(PolicyModule):
         self._nonfinite_skips = 0  # optimiser steps skipped so far in this training step
         self._failed_streak = 0  # consecutive training steps whose every episode failed
         self._vllm_engine: Any = None  # the rollout engine, with rollout.engine: vllm (started on first use)
+        self._adapter_dir: tempfile.TemporaryDirectory[str] | None = None  # role adapters as the vLLM engine reads them
         self._engine_step: int | None = None  # the global step whose weights that engine holds
         self.automatic_optimization = False
         self.policy = policy
@@ -256,7 +259,8 @@ class EnvACEModule(PolicyModule):
         return batch
 
     def _generated_tokens(self) -> int:
-        engines = {id(e): e for e in (self.act_engine, self.rehearse_engine)}.values()  # one engine may serve both
+        # one engine may serve both roles (or two views of one vLLM engine, which share its queue and its count)
+        engines = {id(getattr(e, "queue", e)): e for e in (self.act_engine, self.rehearse_engine)}.values()
         return sum(e.generated_tokens for e in engines)
 
     def sync_engine(self) -> float | None:
@@ -271,9 +275,17 @@ class EnvACEModule(PolicyModule):
         engine.wake_up()
         if self._engine_step == int(self.global_step):
             return None
-        from envace.rollout.weights import policy_weights
+        from envace.rollout.weights import policy_weights, write_adapter
 
-        seconds = engine.load_weights(policy_weights(self.model))
+        if self.role_adapters:  # the base is frozen: each role's adapter goes through vLLM's LoRA support
+            if self._adapter_dir is None:
+                self._adapter_dir = tempfile.TemporaryDirectory(prefix="envace-adapters-")
+            start = time.perf_counter()
+            for name in self.role_adapters:
+                engine.load_adapter(name, write_adapter(self.model, name, Path(self._adapter_dir.name, name)))
+            seconds = time.perf_counter() - start
+        else:
+            seconds = engine.load_weights(policy_weights(self.model))
         self._engine_step = int(self.global_step)
         return seconds
 

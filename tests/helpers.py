@@ -254,3 +254,67 @@ def run_oracle(tokenizer: PreTrainedTokenizerBase, tasks: list[Any], turns: list
     )
     assert act.remaining == 0
     return episodes
+
+
+class KeyedEngine:
+    """An engine whose generation is a function of the prompt alone, usable in lock-step or per-episode scheduling.
+
+    ``pick(prompt_ids) -> ScriptEntry | str`` decides each generation, so a rollout gives the same episodes whatever
+    order its generations run in. As a ``ContinuousEngine`` (``submit``/``wait``), each ``wait`` finishes a random
+    non-empty subset of the running requests (``seed``): the order per-episode scheduling must tolerate.
+
+    Attributes:
+        submitted: every submitted prompt, in order, with the tickets still running at the time (``running_at``).
+        generate_calls: ``generate`` calls made (a lock-step rollout's micro-steps, or a world's own batch).
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, pick: Any, seed: int = 0, continuous: bool = True) -> None:
+        import random
+
+        self.tokenizer, self.pick = tokenizer, pick
+        self.rng = random.Random(seed)
+        self.running: dict[int, Generation] = {}
+        self.done: dict[int, Generation] = {}
+        self.submitted: list[list[int]] = []
+        self.running_at: list[set[int]] = []
+        self.generate_calls = 0
+        self.generated_tokens = 0
+        if continuous:
+            self.queue = object()
+
+    def _make(self, prompt: list[int]) -> Generation:
+        entry = self.pick(list(prompt))
+        entry = entry if isinstance(entry, ScriptEntry) else ScriptEntry(entry)
+        gen = Generation(entry_ids(self.tokenizer, entry), entry.finished)
+        self.generated_tokens += len(gen.token_ids)
+        return gen
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        """The generations of ``prompts``; running submitted requests may finish meanwhile (kept for ``wait``)."""
+        self.generate_calls += 1
+        if self.running:
+            self._finish_some()
+        return [self._make(p) for p in prompts]
+
+    def submit(self, prompt: list[int], params: SamplingParams) -> int:
+        """Queue one prompt."""
+        ticket = len(self.submitted)
+        self.running_at.append(set(self.running))
+        self.submitted.append(list(prompt))
+        self.running[ticket] = self._make(prompt)
+        return ticket
+
+    def wait(self) -> list[tuple[int, Generation]]:
+        """Finish a random non-empty subset of the running requests; return every finished unread one."""
+        if not self.running and not self.done:
+            raise RuntimeError("wait with nothing running")
+        if not self.done:
+            self._finish_some()
+        out = sorted(self.done.items())
+        self.done.clear()
+        return out
+
+    def _finish_some(self) -> None:
+        tickets = sorted(self.running)
+        for t in self.rng.sample(tickets, self.rng.randint(1, len(tickets))):
+            self.done[t] = self.running.pop(t)

@@ -61,6 +61,28 @@ class Engine(Protocol):
         ...
 
 
+class ContinuousEngine(Engine, Protocol):
+    """An engine that takes requests one at a time and runs them all in its own batches (``VLLMEngine``).
+
+    ``EpisodeRunner`` schedules per episode on such an engine (``rollout.continuous``). ``generate`` still works: it
+    waits for its own requests while the others keep running, and keeps the others' results for ``wait``.
+
+    Attributes:
+        queue: the request queue; engines that share one (a base model and its role adapters) share tickets, so
+            one ``wait`` serves both roles.
+    """
+
+    queue: object
+
+    def submit(self, prompt: list[int], params: SamplingParams) -> int:
+        """Queue one prompt; returns its ticket."""
+        ...
+
+    def wait(self) -> list[tuple[int, Generation]]:
+        """Block until at least one submitted request has finished; every finished one with its ticket."""
+        ...
+
+
 @contextmanager
 def sessions(*engines: Engine | None) -> Iterator[None]:
     """Open the rollout session of every engine that has one (``CachedEngine`` keeps its prefix cache inside it)."""

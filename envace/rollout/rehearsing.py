@@ -35,7 +35,7 @@ JUDGE_PROMPT = (
 
 
 class RehearsingRunner(EpisodeRunner):
-    """Runs episodes whose committed act turns are preceded by private rehearsal.
+    """Runs episodes whose committed act turns are preceded by private rehearsal (lock-step micro-steps only).
 
     Args:
         tokenizer: the policy's tokenizer.
@@ -45,6 +45,8 @@ class RehearsingRunner(EpisodeRunner):
         selector: what to commit after a rehearsal (default: generate with the memory).
         rules: the benchmark's loop rules (``envace.rollout.rules``); imagined attempts are read with them too.
     """
+
+    continuous_capable = False  # a committed turn first needs its rehearsal's generations
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, config: RolloutConfig, rehearsal: PrivateRehearsal,
                  prompter: RehearseWorld, selector: Selector | None = None, rules: LoopRules | None = None) -> None:

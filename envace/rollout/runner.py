@@ -21,7 +21,7 @@ from transformers import PreTrainedTokenizerBase
 
 from envace.policy.chat import TemplateError, decode
 from envace.roles.parsing import CallError, validate_call
-from envace.rollout.engine import Engine, Generation, SamplingParams, sessions
+from envace.rollout.engine import ContinuousEngine, Engine, Generation, SamplingParams, sessions
 from envace.rollout.rules import LoopRules
 from envace.rollout.stream import RenderDiverged, TokenStream, append_messages, context_stream
 from envace.rollout.vllm_engine import VLLMOptions
@@ -74,6 +74,11 @@ class RolloutConfig:
             authors' behaviour) closes the row and starts the next generation in a new row from the re-rendered
             context, so a trained token is always a generated one; ``error`` refuses such a template.
         vllm: the vLLM engine's settings (with ``engine: vllm``).
+        continuous: with an engine that takes requests one at a time (``VLLMEngine``), schedule per episode: each
+            episode's next generation (act turn or rehearsed responses) joins the engine's running batch as soon as
+            its previous one ends, instead of waiting for every episode's turn to end (lock-step micro-steps, what
+            the other engines and sharded ranks do). Episodes never see each other, so each one runs the same state
+            machine either way; only the order in which generations finish changes.
     """
 
     max_turns: int = 8
@@ -95,6 +100,7 @@ class RolloutConfig:
     cache_entries: int = 256
     on_rerender: RerenderPolicy = "new_row"
     vllm: VLLMOptions = field(default_factory=VLLMOptions)
+    continuous: bool = True
 
     def __post_init__(self) -> None:
         if self.engine not in ("cached", "hf", "vllm"):
@@ -130,6 +136,15 @@ class _Live:
     user_state: dict[str, Any] = field(default_factory=dict)  # the user simulator's scratch space
     closed: list[TokenStream] = field(default_factory=list)  # earlier act rows (the template rewrote their text)
     generated: list[list[list[int]]] = field(default_factory=lambda: [[]])  # per row: its act generations' ids
+
+
+@dataclass
+class _Staged:
+    """An episode's calls in flight with a staged world: their requests, rehearse prompts, and generations so far."""
+
+    requests: list[ToolRequest]
+    prompts: list[TokenStream]
+    generations: dict[int, Generation]
 
 
 class EpisodeRunner:
@@ -189,6 +204,8 @@ class EpisodeRunner:
         lockstep = any_active is not None
         reduce = any_active or (lambda active: active)
         with sessions(engine, world_engine):  # a caching engine reuses each turn's prefix within this rollout
+            if not lockstep and self._schedules_per_episode(engine, world_engine):
+                self._run_continuous(live, engine, world, world_engine or engine)
             while reduce(any(not s.done for s in live)):
                 self._user_step([s for s in live if s.awaiting_user and not s.done])
                 self._apply_rules(live)
@@ -197,6 +214,84 @@ class EpisodeRunner:
                 self._world_step([s for s in live if s.pending], world, world_engine or engine, lockstep)
                 self._apply_rules(live)
         return [self._finish(s) for s in live]
+
+    # -- per-episode scheduling -------------------------------------------------------------------------------------
+
+    continuous_capable = True  # a runner whose act turns need more than one generation (private rehearsal) says no
+
+    def _schedules_per_episode(self, engine: Engine, world_engine: Engine | None) -> bool:
+        """``rollout.continuous`` on an engine that takes requests one at a time, both roles on one request queue."""
+        queue = getattr(engine, "queue", None)
+        shared = world_engine is None or getattr(world_engine, "queue", None) is queue
+        return self.config.continuous and self.continuous_capable and queue is not None and shared
+
+    def _run_continuous(self, live: list[_Live], engine: ContinuousEngine, world: World,
+                        world_engine: ContinuousEngine) -> None:
+        """Run every episode to its end, each generation submitted as soon as its episode is ready for it.
+
+        An episode is idle (its next step can be taken) or in flight (waiting for its act turn or for the rehearsed
+        responses of its calls). Each pass takes every idle episode's next step (the user's turn, the rules, an act
+        submission, its tool calls), then waits for the engine to finish at least one request and hands each
+        finished generation to its episode. A world that generates with the policy's engine in stages (a
+        ``RehearseWorld``: ``prompts`` then ``replies``) submits each call's prompt; any other world answers in one
+        ``respond`` while the engine's other requests keep running (``VLLMEngine.generate`` steps them all).
+        """
+        flight: dict[int, tuple[_Live, int | None]] = {}  # ticket -> its episode, and its call's index (act: None)
+        staged: dict[int, _Staged] = {}  # id(episode) -> its calls' rehearse prompts and generations so far
+        staging = _generates_with_policy(world) and callable(getattr(world, "replies", None))
+        while any(not s.done for s in live):
+            busy = {id(f[0]) for f in flight.values()}
+            idle = [s for s in live if not s.done and id(s) not in busy]
+            self._user_step([s for s in idle if s.awaiting_user])
+            self._apply_rules(idle)
+            for s in self._ready_to_act([s for s in idle if not s.done and not s.pending]):
+                flight[engine.submit(s.stream.ids, self.config.act_params())] = (s, None)
+            due = [s for s in idle if not s.done and s.pending]
+            if staging:
+                for s in due:
+                    self._stage_world(s, world, world_engine, flight, staged)
+            else:
+                self._world_step(due, world, world_engine, lockstep=False)
+            self._apply_rules(due)
+            if not flight:
+                continue
+            for ticket, gen in engine.wait():
+                s, call = flight.pop(ticket)
+                if call is None:
+                    self._take_act_turn(s, gen)
+                    self._apply_rules([s])
+                    continue
+                stage = staged[id(s)]
+                stage.generations[call] = gen
+                if len(stage.generations) == len(stage.requests):
+                    del staged[id(s)]
+                    self._take_replies(s, self._staged_replies(world, stage))
+                    self._apply_rules([s])
+
+    def _stage_world(self, s: _Live, world: Any, engine: ContinuousEngine,
+                     flight: dict[int, tuple[_Live, int | None]], staged: dict[int, _Staged]) -> None:
+        """Submit the rehearse prompt of each of the episode's calls (an episode with none is answered at once)."""
+        requests = [r for r in s.pending if isinstance(r, ToolRequest)]
+        try:
+            prompts = world.prompts(requests) if requests else []
+        except Exception as exc:  # noqa: BLE001 - fails this episode only
+            self._take_replies(s, [failed_reply(f"{type(world).__name__}.prompts", exc, source="world")
+                                   for _ in requests])
+            return
+        if not requests:
+            self._take_replies(s, [])
+            return
+        staged[id(s)] = _Staged(requests, prompts, {})
+        params = self.config.rehearse_params()
+        for index, prompt in enumerate(prompts):
+            flight[engine.submit(prompt.ids, params)] = (s, index)
+
+    def _staged_replies(self, world: Any, stage: _Staged) -> list[ToolReply]:
+        generations = [stage.generations[i] for i in range(len(stage.requests))]
+        try:
+            return world.replies(stage.requests, stage.prompts, generations)
+        except Exception as exc:  # noqa: BLE001 - fails this episode only
+            return [failed_reply(f"{type(world).__name__}.replies", exc, source="world") for _ in stage.requests]
 
     def _apply_rules(self, live: list[_Live]) -> None:
         """End the running episodes the loop rules end (a rule that raises fails that episode only)."""
@@ -258,18 +353,22 @@ class EpisodeRunner:
     # -- act role ---------------------------------------------------------------------------------------------------
 
     def _act_step(self, states: list[_Live], engine: Engine, lockstep: bool) -> None:
-        budget = self.config.act_max_new_tokens
-        for s in states:
-            if s.stream is not None and len(s.stream) + budget > self.config.max_context_tokens:
-                s.episode.stats.context_limit = True
-                s.done = True
-        states = [s for s in states if not s.done and not s.awaiting_user]
+        states = self._ready_to_act(states)
         if not states:
             if lockstep:
                 self._dummy_generate(engine)
             return
         for s, gen in zip(states, self._generate_act(states, engine)):
             self._take_act_turn(s, gen)
+
+    def _ready_to_act(self, states: list[_Live]) -> list[_Live]:
+        """The episodes whose act turn is due; one whose context has no room for a full turn ends here."""
+        budget = self.config.act_max_new_tokens
+        for s in states:
+            if s.stream is not None and len(s.stream) + budget > self.config.max_context_tokens:
+                s.episode.stats.context_limit = True
+                s.done = True
+        return [s for s in states if not s.done and not s.awaiting_user]
 
     def _generate_act(self, states: list[_Live], engine: Engine) -> list[Generation]:
         """The act turn of every ready episode, in one batched generation (a rehearsing runner rehearses first)."""
@@ -348,16 +447,21 @@ class EpisodeRunner:
                 replies = [failed_reply(f"{type(world).__name__}.respond", exc, source="world") for _ in requests]
         answers = iter(replies)
         for s in states:
-            pairs = [(r, next(answers) if isinstance(r, ToolRequest) else r) for r in s.pending]
-            s.pending = []
-            self._record(s, pairs)
-            failure = next((r.failure for _, r in pairs if isinstance(r, ToolReply) and r.failure), None)
-            if failure is not None:  # the episode cannot go on: nothing is delivered, it ends failed
-                s.episode.stats.fail(failure)
-                s.done = True
-                continue
-            self._deliver(s, pairs)
-            self._after_tools(s, pairs)
+            self._take_replies(s, [next(answers) for r in s.pending if isinstance(r, ToolRequest)])
+
+    def _take_replies(self, s: _Live, replies: list[ToolReply]) -> None:
+        """Record the world's replies to the episode's calls (in order), deliver them, and decide what comes next."""
+        answers = iter(replies)
+        pairs = [(r, next(answers) if isinstance(r, ToolRequest) else r) for r in s.pending]
+        s.pending = []
+        self._record(s, pairs)
+        failure = next((r.failure for _, r in pairs if isinstance(r, ToolReply) and r.failure), None)
+        if failure is not None:  # the episode cannot go on: nothing is delivered, it ends failed
+            s.episode.stats.fail(failure)
+            s.done = True
+            return
+        self._deliver(s, pairs)
+        self._after_tools(s, pairs)
 
     def _record(self, s: _Live, pairs: list[tuple[ToolRequest | CallError, ToolReply | CallError]]) -> None:
         stats = s.episode.stats

@@ -17,10 +17,11 @@ CPU build in its own environment (it needs an older transformers than envace's m
 
 from __future__ import annotations
 
+import copy
 import os
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -94,6 +95,8 @@ class VLLMEngine:
             turns, a group's shared prompt).
         enable_sleep_mode: allow ``sleep``/``wake_up`` (GPU only).
         seed: the engine's sampling seed.
+        max_lora_rank: serve LoRA adapters of at most this rank on top of the loaded weights (``load_adapter``,
+            ``adapter``): the per-role adapters of the noshare variant. None: no LoRA.
         llm_kwargs: further ``vllm.LLM`` arguments (e.g. ``{"enforce_eager": False}``).
     """
 
@@ -108,11 +111,11 @@ class VLLMEngine:
         enable_prefix_caching: bool = True,
         enable_sleep_mode: bool = False,
         seed: int = 0,
+        max_lora_rank: int | None = None,
         llm_kwargs: dict[str, Any] | None = None,
     ) -> None:
         vllm = require_vllm()
         self.stop_ids = sorted(set(stop_ids))
-        self.generated_tokens = 0
         self.sync_seconds: list[float] = []
         self.asleep = False
         on_gpu = torch.cuda.is_available()
@@ -126,34 +129,128 @@ class VLLMEngine:
         }
         if on_gpu:
             kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=enable_sleep_mode)
+        if max_lora_rank is not None:
+            kwargs.update(enable_lora=True, max_lora_rank=_lora_rank_slot(max_lora_rank), max_loras=2)
         self.llm = vllm.LLM(**{**kwargs, **(llm_kwargs or {})})
         self._tokens_prompt = vllm.inputs.TokensPrompt
         self._sampling = vllm.SamplingParams
+        self._final_only = vllm.sampling_params.RequestOutputKind.FINAL_ONLY
+        self._lora_request = vllm.lora.request.LoRARequest
+        self._adapters: dict[str, Any] = {}  # adapter name -> its LoRARequest (shared with every view)
+        self.adapter_name: str | None = None  # a view's adapter (``adapter``)
+        self.queue = _Queue()
 
     @classmethod
-    def from_options(cls, model: str, stop_ids: list[int], options: VLLMOptions,
+    def from_options(cls, model: str, stop_ids: list[int], options: VLLMOptions, max_lora_rank: int | None = None,
                      llm_kwargs: dict[str, Any] | None = None) -> VLLMEngine:
         """An engine with ``options`` (``model.rollout.vllm``)."""
         return cls(model, stop_ids, dtype=options.dtype, max_model_len=options.max_model_len,
                    gpu_memory_utilization=options.gpu_memory_utilization, kv_cache_gib=options.kv_cache_gib,
                    enable_prefix_caching=options.enable_prefix_caching, enable_sleep_mode=options.sleep,
-                   seed=options.seed, llm_kwargs=llm_kwargs)
+                   seed=options.seed, max_lora_rank=max_lora_rank, llm_kwargs=llm_kwargs)
+
+    def adapter(self, name: str) -> VLLMEngine:
+        """A view of this engine that generates through LoRA adapter ``name`` (loaded with ``load_adapter``).
+
+        The view shares the engine, its weights and its request queue: requests of both roles run in the same
+        batches, and one ``wait`` returns them all.
+        """
+        view = copy.copy(self)
+        view.adapter_name = name
+        return view
+
+    def load_adapter(self, name: str, path: str | os.PathLike[str]) -> float:
+        """Load (or reload in place) LoRA adapter ``name`` from a peft directory; returns the seconds it took.
+
+        The prefix cache is cleared: keys and values computed through the old adapter are stale.
+
+        Raises:
+            ValueError: the engine was started without ``max_lora_rank``.
+            RuntimeError: requests are still running.
+        """
+        if not self.llm.llm_engine.vllm_config.lora_config:
+            raise ValueError("VLLMEngine.load_adapter: the engine serves no LoRA; start it with max_lora_rank")
+        self._idle("load_adapter")
+        start = time.perf_counter()
+        known = self._adapters.get(name)
+        lora_id = known.lora_int_id if known is not None else len(self._adapters) + 1
+        self.llm.llm_engine.add_lora(self._lora_request(name, lora_id, str(path), load_inplace=True))
+        self._adapters[name] = self._lora_request(name, lora_id, str(path))
+        self.llm.reset_prefix_cache()
+        seconds = time.perf_counter() - start
+        self.sync_seconds.append(seconds)
+        return seconds
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
-        """One continuation per prompt, in order, with the engine's log-probability of each generated token."""
+        """One continuation per prompt, in order, with the engine's log-probability of each generated token.
+
+        Requests submitted earlier (``submit``) keep running in the same batches; those that finish meanwhile are
+        kept for the next ``wait``.
+        """
+        tickets = [self.submit(p, params) for p in prompts]
+        wanted = set(tickets)
+        while not wanted.issubset(self.queue.done):
+            self._step()
+        return [self.queue.done.pop(t) for t in tickets]
+
+    def submit(self, prompt: list[int], params: SamplingParams) -> int:
+        """Queue one prompt and return its ticket; it runs in the engine's next steps, beside every other request.
+
+        This is what lets a multi-turn rollout schedule per episode: each episode's next turn joins the running
+        batch as soon as its previous turn ends (``EpisodeRunner`` with ``rollout.continuous``).
+        """
         if self.asleep:
-            raise RuntimeError("VLLMEngine.generate: the engine is asleep; call wake_up() first")
-        if not prompts:
-            return []
-        sampling = self._sampling(
+            raise RuntimeError("VLLMEngine.submit: the engine is asleep; call wake_up() first")
+        lora = None
+        if self.adapter_name is not None:
+            lora = self._adapters.get(self.adapter_name)
+            if lora is None:
+                raise RuntimeError(f"VLLMEngine: LoRA adapter {self.adapter_name!r} was never loaded "
+                                   "(load_adapter)")
+        ticket = self.queue.next_ticket
+        self.queue.next_ticket += 1
+        self.llm.llm_engine.add_request(str(ticket), self._tokens_prompt(prompt_token_ids=list(prompt)),
+                                        self._params(params), lora_request=lora)
+        self.queue.running.add(ticket)
+        return ticket
+
+    def wait(self) -> list[tuple[int, Generation]]:
+        """Run the engine until at least one submitted request has finished; every finished one, with its ticket.
+
+        Raises:
+            RuntimeError: nothing was submitted that has not already been returned.
+        """
+        queue = self.queue
+        if not queue.running and not queue.done:
+            raise RuntimeError("VLLMEngine.wait: no request is running")
+        while not queue.done:
+            self._step()
+        finished = sorted(queue.done.items())
+        queue.done.clear()
+        return finished
+
+    @property
+    def generated_tokens(self) -> int:
+        """Tokens generated so far (by every view of this engine's queue)."""
+        return self.queue.generated_tokens
+
+    def _step(self) -> None:
+        """One engine step; finished requests move from running to done."""
+        queue = self.queue
+        for output in self.llm.llm_engine.step():
+            if output.finished:
+                ticket = int(output.request_id)
+                gen = self._generation(output.outputs[0])
+                queue.generated_tokens += len(gen.token_ids)
+                queue.running.discard(ticket)
+                queue.done[ticket] = gen
+
+    def _params(self, params: SamplingParams) -> Any:
+        return self._sampling(
             max_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
             min_tokens=params.min_new_tokens, stop_token_ids=self.stop_ids, logprobs=0, detokenize=False,
+            output_kind=self._final_only,  # a request reports once, when it ends
         )
-        requests = [self._tokens_prompt(prompt_token_ids=list(p)) for p in prompts]
-        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
-        out = [self._generation(o.outputs[0]) for o in outputs]
-        self.generated_tokens += sum(len(g.token_ids) for g in out)
-        return out
 
     def _generation(self, completion: Any) -> Generation:
         ids = list(completion.token_ids)
@@ -166,6 +263,7 @@ class VLLMEngine:
 
         The prefix cache is cleared: its keys and values came from the old weights.
         """
+        self._idle("load_weights")
         start = time.perf_counter()
         count = [0]
 
@@ -182,6 +280,24 @@ class VLLMEngine:
         self.sync_seconds.append(seconds)
         return seconds
 
+    def close(self) -> None:
+        """Shut the engine down and free what it holds (weights, KV cache, its process group); unusable after.
+
+        Another engine can then start in this process (a benchmark measuring several models, one at a time).
+        """
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+        shutdown = getattr(getattr(self.llm.llm_engine, "engine_core", None), "shutdown", None)
+        if callable(shutdown):
+            shutdown()
+        del self.llm
+        cleanup_dist_env_and_memory()
+
+    def _idle(self, what: str) -> None:
+        if self.queue.running or self.queue.done:
+            raise RuntimeError(f"VLLMEngine.{what}: requests are still running or unread; new weights would change "
+                               "them mid-generation")
+
     def sleep(self) -> None:
         """Release the engine's GPU memory (weights and KV cache) while the trainer updates (GPU only)."""
         if torch.cuda.is_available():
@@ -193,6 +309,24 @@ class VLLMEngine:
         if self.asleep:
             self.llm.wake_up()
             self.asleep = False
+
+
+def _lora_rank_slot(rank: int) -> int:
+    """The smallest LoRA rank vLLM accepts as ``max_lora_rank`` that holds ``rank``."""
+    for slot in (1, 8, 16, 32, 64, 128, 256, 320, 512):
+        if rank <= slot:
+            return slot
+    raise ValueError(f"VLLMEngine: LoRA rank {rank} is above vLLM's largest (512)")
+
+
+@dataclass
+class _Queue:
+    """The requests of one engine (shared by its role adapters' views): tickets, running ones, finished unread ones."""
+
+    next_ticket: int = 0
+    running: set[int] = field(default_factory=set)
+    done: dict[int, Generation] = field(default_factory=dict)
+    generated_tokens: int = 0
 
 
 def _load_into_model(worker: Any, named: Iterator[tuple[str, torch.Tensor]]) -> None:

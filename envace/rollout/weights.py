@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 from peft import PeftModel
@@ -64,3 +65,44 @@ def _merged(base: nn.Module, name: str) -> Iterator[tuple[str, torch.Tensor]]:
             if hf_name in layers:
                 weight = weight + _delta(layers[hf_name], name).to(weight.dtype)
             yield hf_name, weight
+
+
+def base_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` for every base weight under its Hugging Face name, without any LoRA update.
+
+    What a serving engine that applies the LoRA adapters itself (per-role adapters on vLLM) starts from.
+
+    Raises:
+        ValueError: the base weights are bitsandbytes 4-bit (they cannot be written as a checkpoint).
+    """
+    if any(type(p).__name__ == "Params4bit" for p in model.parameters()):
+        raise ValueError("base_weights: the base weights are bitsandbytes 4-bit; start the engine from the "
+                         "policy's checkpoint directory (model.policy.init_args.name_or_path) instead")
+    base = model.get_base_model() if isinstance(model, PeftModel) else model
+    with torch.no_grad():
+        for key, tensor in base.state_dict().items():
+            if ".lora_" not in key:
+                yield key.replace(".base_layer.", "."), _full(tensor).detach()
+
+
+def write_adapter(model: PeftModel, name: str, out: Path) -> Path:
+    """Write LoRA adapter ``name`` as peft saves one (``adapter_config.json``, ``adapter_model.safetensors``).
+
+    Shards are gathered first (under FSDP2 every rank calls this together). Returns ``out``.
+
+    Raises:
+        ValueError: ``model`` has no adapter ``name``.
+    """
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    if name not in getattr(model, "peft_config", {}):
+        raise ValueError(f"write_adapter: no LoRA adapter {name!r} (the model has "
+                         f"{sorted(getattr(model, 'peft_config', {}))})")
+    out.mkdir(parents=True, exist_ok=True)
+    state = get_peft_model_state_dict(model, adapter_name=name)
+    with torch.no_grad():
+        weights = {key: _full(t).detach().to("cpu").contiguous() for key, t in state.items()}
+    save_file(weights, str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
+    model.peft_config[name].save_pretrained(str(out))
+    return out

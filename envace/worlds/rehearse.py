@@ -70,9 +70,17 @@ class RehearseWorld:
 
     def respond(self, requests: list[ToolRequest], engine: Engine, params: SamplingParams) -> list[ToolReply]:
         """Render one rehearse prompt per call, generate them in one batch, parse the results."""
-        prompts = [self.prompt(req) for req in requests]
-        generations = engine.generate([p.ids for p in prompts], params)
-        return [self._reply(req, p, g) for req, p, g in zip(requests, prompts, generations)]
+        prompts = self.prompts(requests)
+        return self.replies(requests, prompts, engine.generate([p.ids for p in prompts], params))
+
+    def prompts(self, requests: list[ToolRequest]) -> list[TokenStream]:
+        """The rehearse prompt of each call (``respond``'s first stage; a per-episode runner submits them itself)."""
+        return [self.prompt(req) for req in requests]
+
+    def replies(self, requests: list[ToolRequest], prompts: list[TokenStream],
+                generations: list[Generation]) -> list[ToolReply]:
+        """The replies to ``requests`` from their prompts' generations (``respond``'s second stage)."""
+        return [self._reply(req, p, g) for req, p, g in zip(requests, prompts, generations, strict=True)]
 
     def prompt(self, req: ToolRequest) -> TokenStream:
         """The rehearse prompt stream of one call, dropping the oldest history to fit ``max_prompt_tokens``."""

@@ -150,8 +150,8 @@ def test_rollout_efficiency_compares_the_rollout_with_plain_generate(capsys) -> 
     lines = capsys.readouterr().out.strip().splitlines()
     keys = ("run", "sequences", "prompt", "calls", "tokens")
     rollout, matched, first = (dict(zip(keys, row.strip("| ").split(" | ")[:5])) for row in lines[2:5])
-    assert rollout["run"] == "envace rollout (cached)"
-    assert matched["run"] == "plain generate, same lengths" and first["run"] == "plain generate, first prompts"
+    assert rollout["run"] == "envace rollout (cached, lock-step)"
+    assert matched["run"] == "plain generate, mean length" and first["run"] == "plain generate, first prompts"
     assert rollout["sequences"] == matched["sequences"] == first["sequences"] == "4"
     assert matched["calls"] == first["calls"] == "1"
     assert int(matched["prompt"]) > int(first["prompt"]) == int(rollout["prompt"])  # + the tool responses
@@ -159,6 +159,28 @@ def test_rollout_efficiency_compares_the_rollout_with_plain_generate(capsys) -> 
         assert abs(int(rollout["tokens"]) - int(plain["tokens"])) < 4  # the same work, rounded per sequence
     summary = dict(item.split("=") for item in lines[-1].removeprefix("SUMMARY ").split())
     assert set(summary) == {"efficiency", "efficiency_first_prompt"} and all(float(v) > 0 for v in summary.values())
+
+
+def test_gpu_engines_runs_on_cpu_and_skips_absent_models(tiny_dir: str, tmp_path: Path, capsys) -> None:
+    absent = str(tmp_path / "no-such-model")
+    _script("gpu_engines").main(["--models", tiny_dir, absent, "--engines", "cached", "hf", "--tasks",
+                                 "builtin:bank-test:1", "--group-size", "2", "--act-max-new-tokens", "8",
+                                 "--rehearse-max-new-tokens", "8", "--repeats", "1"])
+    out = capsys.readouterr().out
+    assert f"absent, skipped: {absent} (no config.json)" in out
+    rows = [line.strip("| ").split(" | ") for line in out.splitlines() if line.startswith(f"| {Path(tiny_dir).name} |")]
+    assert [r[1] for r in rows] == ["cached", "hf", "cached", "hf"]  # progress rows, then the table
+    for row in rows:
+        assert int(row[2]) > 0 and float(row[3]) > 0  # new tokens, tokens/s
+        assert row[4:] == ["n/a"] * 7  # no vLLM columns for these engines, no memory columns without CUDA
+    assert out.strip().splitlines()[-1] == "SUMMARY vllm_speedup=n/a vllm_sync_s=n/a models=1"
+
+
+def test_gpu_engines_refuses_bad_flags() -> None:
+    with pytest.raises(SystemExit):
+        _script("gpu_engines").parse_args(["--models", "x", "--repeats", "0"])
+    with pytest.raises(SystemExit):
+        _script("gpu_engines").parse_args(["--models", "x", "--engines", "sglang"])
 
 
 def test_vs_trl_without_trl_names_the_install_command(monkeypatch) -> None:

@@ -58,3 +58,39 @@ def test_a_two_step_fit_rolls_out_with_vllm_and_syncs_after_every_step(tmp_path:
     with torch.no_grad():
         assert [g.token_ids for g in engine.generate(prompts, greedy)] == [g.token_ids for g in
                                                                            hf.generate(prompts, greedy)]
+
+
+def test_a_noshare_fit_serves_each_roles_adapter_through_vllm_lora(tmp_path: Path) -> None:
+    lora = '{"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}'
+    args = ["--config", TINY, "--trainer.max_steps=2", "--trainer.limit_val_batches=0",
+            f"--trainer.default_root_dir={tmp_path}", "--trainer.enable_checkpointing=false",
+            "--trainer.callbacks=[]", "--model.grpo.group_size=2", "--model.rollout.act_max_new_tokens=16",
+            "--model.rollout.rehearse_max_new_tokens=16", "--model.rollout.engine=vllm",
+            "--model.rollout.vllm.dtype=float32", "--model.rollout.check_render=true",
+            "--model.policy.init_args.hidden=128", f"--model.policy.init_args.lora={lora}",
+            '--model.policy.init_args.adapters=["act", "rehearse"]', '--model.role_adapters=["act", "rehearse"]',
+            "--model.grpo.align_weight=1.0", "--model.optimizer.init_args.lr=0.05"]
+    with mock.patch.object(sys, "argv", ["envace"]):
+        cli = cli_main(args, run=False)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    module = cli.model
+    engine = module._vllm_engine
+    assert module.act_engine.adapter_name == "act" and module.rehearse_engine.adapter_name == "rehearse"
+    assert module.act_engine.queue is engine.queue is module.rehearse_engine.queue
+    assert len(engine.sync_seconds) == 2 * 2  # both adapters, before each of the two rollouts
+
+    from envace.policy.hf import use_adapter
+
+    assert module.sync_engine() is not None  # step 2's adapters
+    tok, model = module.tokenizer, module.model.eval()
+    trained = [n for n, p in model.named_parameters() if "lora_B.rehearse" in n and torch.count_nonzero(p) > 0]
+    assert trained, "the alignment term should have moved the rehearse adapter"
+    prompts = [encode(tok, render(tok, [{"role": "user", "content": text}], None, add_generation_prompt=True))
+               for text in ("What is the balance of A1?", "Transfer 5 from A1 to B2.")]
+    greedy = SamplingParams(max_new_tokens=12, temperature=0.0)
+    hf = HFEngine(model, pad_id=tok.pad_token_id, stop_ids=[tok.eos_token_id], max_batch_size=1)
+    for name, view in (("act", module.act_engine), ("rehearse", module.rehearse_engine)):
+        use_adapter(model, name)
+        with torch.no_grad():
+            assert [g.token_ids for g in view.generate(prompts, greedy)] == [g.token_ids for g in
+                                                                              hf.generate(prompts, greedy)], name
