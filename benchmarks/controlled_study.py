@@ -35,6 +35,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import argparse  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
+import math  # noqa: E402
 import multiprocessing  # noqa: E402
 import shlex  # noqa: E402
 import statistics  # noqa: E402
@@ -103,6 +104,49 @@ class Settings:
     eval_tasks: int | None = None
     extra_warm: tuple[str, ...] = ()
     levers: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    policy: str = "tiny"
+    domain: str = "bank"
+
+    @property
+    def tag(self) -> str:
+        """The prefix of this scope's job keys and directories (none for the tiny policy on the bank, the original)."""
+        return "" if (self.policy, self.domain) == ("tiny", "bank") else f"{self.policy}-{self.domain}-"
+
+    @property
+    def sft_config(self) -> str:
+        """The warm start's config (``envace.demo.PRESETS``)."""
+        return _preset(self.policy).sft_config
+
+    @property
+    def rl_config(self) -> str:
+        """The RL arms' (and the tests') config."""
+        return _preset(self.policy).rl_config
+
+    def root(self, seed: int) -> str:
+        """Where one seed's runs of this scope go."""
+        return f"{self.out}/{self.tag}seed{seed}"
+
+    def key(self, seed: int, name: str) -> str:
+        """A job's key: ``s0-warm``, ``smollm2-desk-s1-eval-a``."""
+        return f"{self.tag}s{seed}-{name}"
+
+    def on_domain(self, config: str) -> list[str]:
+        """The overrides that move ``config``'s task sets to this scope's domain."""
+        from envace.demo import domain_overrides
+
+        return domain_overrides(config, self.domain)
+
+    def splits(self) -> dict[str, str]:
+        """The test splits: the domain's test tasks and its held-out templates."""
+        return {"test": f"builtin:{self.domain}-test", "heldout": f"builtin:{self.domain}-heldout"}
+
+
+def _preset(policy: str) -> Any:
+    from envace.demo import PRESETS
+
+    if policy not in PRESETS:
+        raise ValueError(f"--policy {policy!r}: one of {sorted(PRESETS)}")
+    return PRESETS[policy]
 
 
 @dataclass
@@ -127,9 +171,10 @@ def warm_start(settings: Settings, seed: int) -> dict[str, Any]:
     """Train the warm start of ``seed`` to its validation plateau; export its best weights."""
     from envace.demo import fit
 
-    root = f"{settings.out}/seed{seed}/warm"
-    stage = fit(SFT_CONFIG, f"{root}/policy", root, [
-        *_seed_args(seed), f"--model.init_args.policy.init_args.seed={seed}",
+    root = f"{settings.root(seed)}/warm"
+    weights = [f"--model.init_args.policy.init_args.seed={seed}"] if _preset(settings.policy).seeds_weights else []
+    stage = fit(settings.sft_config, f"{root}/policy", root, [
+        *_seed_args(seed), *weights, *settings.on_domain(settings.sft_config),
         f"--trainer.max_steps={settings.sft_max_steps}", *settings.extra_sft, *settings.extra_warm,
     ])
     return {"seconds": stage.seconds, "steps": stage.steps, "policy": stage.export_dir,
@@ -142,10 +187,10 @@ def rl_arm(settings: Settings, seed: int, arm: str) -> dict[str, Any]:
 
     lever = dict(settings.levers).get(arm.removeprefix(LEVER_PREFIX)) if arm.startswith(LEVER_PREFIX) else None
     world = WORLDS["a"] if lever is not None else WORLDS[arm]
-    root = f"{settings.out}/seed{seed}/{arm}"
-    stage = fit(RL_CONFIG, f"{root}/policy", root, [
-        *_seed_args(seed), f"--model.policy.init_args.name_or_path={settings.out}/seed{seed}/warm/policy",
-        f"--model.world={world}", f"--trainer.max_steps={settings.rl_steps}",
+    root = f"{settings.root(seed)}/{arm}"
+    stage = fit(settings.rl_config, f"{root}/policy", root, [
+        *_seed_args(seed), f"--model.policy.init_args.name_or_path={settings.root(seed)}/warm/policy",
+        *settings.on_domain(settings.rl_config), f"--model.world={world}", f"--trainer.max_steps={settings.rl_steps}",
         "--trainer.limit_val_batches=0", *settings.extra_rl, *(lever or ()),  # timed: training only (tested after)
     ])
     return {"seconds": stage.seconds, "policy": stage.export_dir,
@@ -156,11 +201,11 @@ def sft_continued(settings: Settings, seed: int, seconds: float) -> dict[str, An
     """Arm (e): SFT from the warm start on the same demonstrations for ``seconds`` of wall-clock time."""
     from envace.demo import fit
 
-    root = f"{settings.out}/seed{seed}/e"
+    root = f"{settings.root(seed)}/e"
     hours, rest = divmod(int(round(seconds)), 3600)
-    stage = fit(SFT_CONFIG, f"{root}/policy", root, [
-        *_seed_args(seed), "--model.init_args.policy=envace.policy.HFPolicy",
-        f"--model.init_args.policy.init_args.name_or_path={settings.out}/seed{seed}/warm/policy",
+    stage = fit(settings.sft_config, f"{root}/policy", root, [
+        *_seed_args(seed), *settings.on_domain(settings.sft_config), "--model.init_args.policy=envace.policy.HFPolicy",
+        f"--model.init_args.policy.init_args.name_or_path={settings.root(seed)}/warm/policy",
         "--trainer.callbacks=[]", "--model.init_args.export_best=null", "--trainer.max_steps=-1",
         "--trainer.limit_val_batches=0",
         f"--trainer.max_time=00:{hours:02d}:{rest // 60:02d}:{rest % 60:02d}", *settings.extra_sft,
@@ -172,8 +217,10 @@ def evaluate(settings: Settings, seed: int, arm: str, policy: str) -> dict[str, 
     """Real-environment test of one checkpoint on every split."""
     from envace.demo import evaluate as test
 
-    splits = {k: v if settings.eval_tasks is None else f"{v}:{settings.eval_tasks}" for k, v in SPLITS.items()}
-    return {split: test(RL_CONFIG, policy, tasks, f"{settings.out}/seed{seed}/eval") for split, tasks in splits.items()}
+    splits = {k: v if settings.eval_tasks is None else f"{v}:{settings.eval_tasks}"
+              for k, v in settings.splits().items()}
+    return {split: test(settings.rl_config, policy, tasks, f"{settings.root(seed)}/eval") for split, tasks in
+            splits.items()}
 
 
 def _prefixed(metrics: dict[str, float], prefix: str) -> dict[str, float]:
@@ -209,52 +256,116 @@ def _run(job_key: str, fn: Callable[..., dict[str, Any]], args: tuple[Any, ...],
 
 def plan(settings: Settings, seeds: list[int]) -> list[Job]:
     """Every job of the study, with its dependencies; warm starts first (the longest jobs, and every arm needs one)."""
-    jobs = [Job(f"s{s}-warm", warm_start, (settings, s)) for s in seeds]
+    k = settings.key
+    jobs = [Job(k(s, "warm"), warm_start, (settings, s)) for s in seeds]
     for s in seeds:
-        jobs.append(Job(f"s{s}-eval-d", evaluate, (settings, s, "d"), (f"s{s}-warm",),
-                        lambda r, s=s: (r[f"s{s}-warm"]["policy"],)))
+        jobs.append(Job(k(s, "eval-d"), evaluate, (settings, s, "d"), (k(s, "warm"),),
+                        lambda r, s=s: (r[k(s, "warm")]["policy"],)))
         for arm in ("a", "b", "c"):
-            jobs.append(Job(f"s{s}-{arm}", rl_arm, (settings, s, arm), (f"s{s}-warm",)))
-            jobs.append(Job(f"s{s}-eval-{arm}", evaluate, (settings, s, arm), (f"s{s}-{arm}",),
-                            lambda r, s=s, arm=arm: (r[f"s{s}-{arm}"]["policy"],)))
-        jobs.append(Job(f"s{s}-e", sft_continued, (settings, s), (f"s{s}-a",),
-                        lambda r, s=s: (r[f"s{s}-a"]["seconds"],)))
-        jobs.append(Job(f"s{s}-eval-e", evaluate, (settings, s, "e"), (f"s{s}-e",),
-                        lambda r, s=s: (r[f"s{s}-e"]["policy"],)))
+            jobs.append(Job(k(s, arm), rl_arm, (settings, s, arm), (k(s, "warm"),)))
+            jobs.append(Job(k(s, f"eval-{arm}"), evaluate, (settings, s, arm), (k(s, arm),),
+                            lambda r, s=s, arm=arm: (r[k(s, arm)]["policy"],)))
+        jobs.append(Job(k(s, "e"), sft_continued, (settings, s), (k(s, "a"),),
+                        lambda r, s=s: (r[k(s, "a")]["seconds"],)))
+        jobs.append(Job(k(s, "eval-e"), evaluate, (settings, s, "e"), (k(s, "e"),),
+                        lambda r, s=s: (r[k(s, "e")]["policy"],)))
     for name, _ in settings.levers:  # after the main arms: the study's table comes first
         arm = LEVER_PREFIX + name
         for s in seeds:
-            jobs.append(Job(f"s{s}-{arm}", rl_arm, (settings, s, arm), (f"s{s}-warm",)))
-            jobs.append(Job(f"s{s}-eval-{arm}", evaluate, (settings, s, arm), (f"s{s}-{arm}",),
-                            lambda r, s=s, arm=arm: (r[f"s{s}-{arm}"]["policy"],)))
+            jobs.append(Job(k(s, arm), rl_arm, (settings, s, arm), (k(s, "warm"),)))
+            jobs.append(Job(k(s, f"eval-{arm}"), evaluate, (settings, s, arm), (k(s, arm),),
+                            lambda r, s=s, arm=arm: (r[k(s, arm)]["policy"],)))
     return jobs
 
 
-def run_all(jobs: list[Job], out: str, workers: int) -> dict[str, dict[str, Any]]:
-    """Run ``jobs`` respecting their dependencies, ``workers`` at a time; reuse results saved by an earlier run."""
+def run_all(jobs: list[Job], out: str, workers: int, record: str | None = None,
+            max_jobs: int | None = None) -> dict[str, dict[str, Any]]:
+    """Run ``jobs`` respecting their dependencies, ``workers`` at a time; reuse results saved by an earlier run.
+
+    Args:
+        jobs: the plan.
+        out: where each job's result is saved as ``<key>.json`` (beside its checkpoints).
+        workers: jobs in parallel.
+        record: a results file kept in version control: every job recorded there counts as done, and each job that
+            finishes is added to it at once. A recorded job whose checkpoint (its ``policy``) is gone but which a
+            pending job needs runs again from its seed; its recorded result is kept.
+        max_jobs: start at most this many jobs (one arm at a time: ``--max-jobs 1``); None runs all.
+
+    Returns:
+        Every result known (saved, recorded, or run now); a plan cut by ``max_jobs`` leaves jobs out.
+    """
     results: dict[str, dict[str, Any]] = {}
     for job in jobs:
         saved = Path(out, f"{job.key}.json")
         if saved.is_file():
             results[job.key] = json.loads(saved.read_text(encoding="utf-8"))
+    recorded = read_record(record) if record else {}
+    results.update({key: value for key, value in recorded.items() if key not in results})
+    pending = [j for j in jobs if j.key not in results]
+    needed = {n for j in pending for n in j.needs}
+    rebuild = [j for j in jobs if j.key in needed and j.key in results and not _checkpoint_present(results[j.key])]
+    for job in rebuild:  # its checkpoint is gone (a fresh clone): train it again from its seed
+        del results[job.key]
     pending = [j for j in jobs if j.key not in results]
     running: dict[Future, Job] = {}
+    started = 0
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
         while pending or running:
-            for job in [j for j in pending if all(n in results for n in j.needs)][: workers - len(running)]:
+            room = workers - len(running) if max_jobs is None else min(workers - len(running), max_jobs - started)
+            for job in [j for j in pending if all(n in results for n in j.needs)][: max(room, 0)]:
                 pending.remove(job)
                 args = job.args + job.extra(results)
                 running[pool.submit(_run, job.key, job.fn, args, str(Path(out, f"{job.key}.json")))] = job
+                started += 1
                 print(f"started {job.key}", flush=True)  # noqa: T201
             if not running:
+                if max_jobs is not None and started >= max_jobs:
+                    break
                 raise RuntimeError(f"jobs whose dependencies failed: {[j.key for j in pending]}")
             done, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in done:
                 job = running.pop(future)
                 results[job.key] = future.result()  # a failed job stops the study with its error
+                if record:
+                    add_to_record(record, job.key, recorded.get(job.key, results[job.key]))
                 print(f"finished {job.key}", flush=True)  # noqa: T201
     return results
+
+
+def _checkpoint_present(result: dict[str, Any]) -> bool:
+    """A result without a checkpoint (an evaluation) needs none; one with a ``policy`` needs that directory."""
+    policy = result.get("policy")
+    return policy is None or Path(policy, "config.json").is_file()
+
+
+def read_record(path: str) -> dict[str, dict[str, Any]]:
+    """The results file (``{job key: result}``); an absent file is an empty record.
+
+    Raises:
+        ValueError: the file is not a JSON object of objects, naming the file.
+    """
+    file = Path(path)
+    if not file.is_file():
+        return {}
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not valid JSON ({err})") from err
+    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+        raise ValueError(f"{path}: expected a JSON object mapping job keys to result objects")
+    return data
+
+
+def add_to_record(path: str, key: str, result: dict[str, Any]) -> None:
+    """Add one job's result to the results file, written whole to a temporary file first (never half-written)."""
+    data = read_record(path)
+    data[key] = result
+    file = Path(path)
+    file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = file.with_name(f".{file.name}.tmp")
+    tmp.write_text(json.dumps(dict(sorted(data.items())), indent=1) + "\n", encoding="utf-8")
+    tmp.replace(file)
 
 
 # --- report ----------------------------------------------------------------------------------------------------------
@@ -320,6 +431,84 @@ def report(results: dict[str, dict[str, Any]], seeds: list[int], settings: Setti
     return "\n".join([*header, *lines, *lever_table(settings, seeds, cell, metric, spent, seconds), "", summary])
 
 
+SPLIT_SIZES = {"test": 256, "heldout": 128}
+"""Tasks in each packaged split of a built-in domain (what an evaluation without ``--eval-tasks`` runs)."""
+
+
+def scoped_report(results: dict[str, dict[str, Any]], seeds: list[int], scopes: list[Settings],
+                  command: str) -> str:
+    """The real-model study's report: one table per domain, arms (a)-(e), and the SUMMARY over seeds and domains.
+
+    Every cell is read from ``results`` (the results file); an arm not run yet shows ``pending``, and the SUMMARY
+    then covers what is there (``nan`` when nothing is).
+    """
+    def metric(scope: Settings, arm: str, seed: int, split: str, key: str = "success_act") -> float:
+        value = results.get(scope.key(seed, f"eval-{arm}"), {}).get(split, {}).get(key)
+        return float("nan") if value is None else float(value)
+
+    def known(values: list[float]) -> list[float]:
+        return [v for v in values if v == v]
+
+    def cell(values: list[float], signed: bool = False) -> str:
+        have = known(values)
+        if not have:
+            return "pending"
+        mean, std = _stats(have)
+        each = " / ".join("–" if v != v else (f"{v:+.3f}" if signed else f"{v:.3f}") for v in values)
+        return f"{mean:+.3f} ± {std:.3f} ({each})" if signed else f"{mean:.3f} ± {std:.3f} ({each})"
+
+    def paired(scope: Settings, arm: str, base: str, split: str) -> list[float]:
+        return [metric(scope, arm, s, split) - metric(scope, base, s, split) for s in seeds]
+
+    def job(scope: Settings, arm: str, seed: int) -> dict[str, Any]:
+        return results.get(scope.key(seed, {"d": "warm"}.get(arm, arm)), {})
+
+    lines = [f"# Controlled study on a real language model: {scopes[0].policy}", "",
+             f"Produced by `{command}` (seeds {', '.join(map(str, seeds))}; {scopes[0].rl_steps} RL steps per arm). "
+             "Real success: the real environment, greedy, on every test task and every held-out-template task of "
+             "the domain (256 and 128) unless the command says `--eval-tasks`. Paired differences are per seed "
+             "(the arms of a seed share its warm start). SE: the binomial standard error of one evaluation at that "
+             "success rate. See docs/study.md for the protocol and the analysis.", ""]
+    for scope in scopes:
+        n = {split: scope.eval_tasks or size for split, size in SPLIT_SIZES.items()}
+        lines += [f"## {scope.domain}", "",
+                  "| arm | real success, test | SE | minus (d), paired | minus (b), paired | real success, held-out "
+                  "| imagined success, test | fidelity EM, test | real tool calls (all seeds) | wall s / run |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for arm, title in ARMS.items():
+            test = [metric(scope, arm, s, "test") for s in seeds]
+            have = known(test)
+            se = f"{math.sqrt(statistics.fmean(have) * (1 - statistics.fmean(have)) / n['test']):.3f}" if have else ""
+            calls = [job(scope, arm, s).get("real_calls") for s in seeds]
+            spent = (int(sum(c for c in calls if c is not None)) if any(c is not None for c in calls) else "pending")
+            seconds = known([float(job(scope, arm, s).get("seconds", float("nan"))) for s in seeds])
+            lines.append(
+                f"| ({arm}) {title} | {cell(test)} | {se} | "
+                f"{cell(paired(scope, arm, 'd', 'test'), True) if arm != 'd' else '–'} | "
+                f"{cell(paired(scope, arm, 'b', 'test'), True) if arm != 'b' else '–'} | "
+                f"{cell([metric(scope, arm, s, 'heldout') for s in seeds])} | "
+                f"{cell([metric(scope, arm, s, 'test', 'imagined_success') for s in seeds])} | "
+                f"{cell([metric(scope, arm, s, 'test', 'fidelity_exact_match') for s in seeds])} | "
+                f"{'–' if arm == 'd' else spent} | "
+                f"{f'{statistics.fmean(seconds):.0f}' if seconds else 'pending'} |")
+        warm = [results.get(scope.key(s, "warm")) for s in seeds]
+        lines += ["", "Warm starts (best validation success / steps / seconds): " + ", ".join(
+            f"seed {s}: " + (f"{w.get('val_success_best', float('nan')):.3f} / {w.get('steps', 0):.0f} / "
+                             f"{w.get('seconds', 0):.0f} s" if w else "pending") for s, w in zip(seeds, warm)) + ".",
+                  ""]
+    gains = [g for scope in scopes for g in known(paired(scope, "a", "d", "test"))]
+    versus_real = [g for scope in scopes for g in known(paired(scope, "a", "b", "test"))]
+    calls = sum(float(results.get(scope.key(s, "a"), {}).get("real_calls", 0.0)) for scope in scopes for s in seeds)
+
+    def mean(values: list[float]) -> str:
+        return f"{statistics.fmean(values):.3f}" if values else "nan"
+
+    std = f"{_stats(gains)[1]:.3f}" if gains else "nan"
+    lines.append(f"SUMMARY gain={mean(gains)} std={std} gain_vs_real={mean(versus_real)} "
+                 f"real_calls_rl={int(calls)} rehearsal_gain_envace=nan rehearsal_gain_base=nan")
+    return "\n".join(lines)
+
+
 def lever_table(settings: Settings, seeds: list[int], cell: Callable[[str, str, str], str],
                 metric: Callable[[str, int, str, str], float], spent: Callable[[str], str],
                 seconds: Callable[[str], str]) -> list[str]:
@@ -366,6 +555,19 @@ def write_section(path: str, name: str, text: str) -> None:
     file.write_text(new, encoding="utf-8")
 
 
+def _without_max_jobs(args: list[str]) -> list[str]:
+    """The command line as the report prints it: ``--max-jobs`` only paces the runs, it changes no result."""
+    out, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == "--max-jobs":
+            skip = True
+        elif not arg.startswith("--max-jobs="):
+            out.append(arg)
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     """Command line."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -385,20 +587,41 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lever", action="append", default=[], metavar="NAME:OVERRIDE",
                         help="a variant of arm (a) named NAME with an extra `envace fit` argument (repeat a NAME to "
                              "add arguments); trained from the same warm starts and reported in its own table")
+    parser.add_argument("--policy", default="tiny", choices=("tiny", "smollm2"),
+                        help="the policy (envace.demo's presets: their SFT and RL configs)")
+    parser.add_argument("--domains", nargs="+", default=["bank"], choices=("bank", "desk"))
+    parser.add_argument("--record", default=None,
+                        help="the results file kept in version control (default for a real model: "
+                             "docs/study/<policy>.json): recorded jobs are skipped, each finished job is added")
+    parser.add_argument("--max-jobs", type=int, default=None,
+                        help="start at most this many jobs, then rebuild the report from what is recorded (0: only "
+                             "rebuild it)")
     args = parser.parse_args(argv)
     if len(args.seeds) < 2:
         parser.error("at least 2 seeds are needed for a standard deviation")
+    if args.max_jobs is not None and args.max_jobs < 0:
+        parser.error("--max-jobs must be 0 or more")
     try:
         levers = parse_levers(args.lever)
     except ValueError as err:
         parser.error(str(err))
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    settings = Settings(args.out, args.rl_steps, args.sft_max_steps, tuple(args.sft), tuple(args.rl), args.eval_tasks,
-                        tuple(args.warm), levers)
-    results = run_all(plan(settings, args.seeds), args.out, args.workers)
-    command = " ".join(["python benchmarks/controlled_study.py", *map(shlex.quote, (argv or sys.argv[1:]))])
-    text = report(results, args.seeds, settings, command)
-    write_section(args.report, SECTION, text)
+    scopes = [Settings(args.out, args.rl_steps, args.sft_max_steps, tuple(args.sft), tuple(args.rl), args.eval_tasks,
+                       tuple(args.warm), levers, args.policy, domain) for domain in args.domains]
+    given = list(argv if argv is not None else sys.argv[1:])
+    command = " ".join(["python benchmarks/controlled_study.py", *map(shlex.quote, _without_max_jobs(given))])
+    if args.policy == "tiny" and args.domains == ["bank"] and args.record is None:  # the original study
+        results = run_all(plan(scopes[0], args.seeds), args.out, args.workers, max_jobs=args.max_jobs)
+        text = report(results, args.seeds, scopes[0], command)
+        write_section(args.report, SECTION, text)
+        print(text)  # noqa: T201
+        return
+    record = args.record or f"docs/study/{args.policy}.json"
+    jobs = [job for scope in scopes for job in plan(scope, args.seeds)]
+    if args.max_jobs != 0:
+        run_all(jobs, args.out, args.workers, record=record, max_jobs=args.max_jobs)
+    text = scoped_report(read_record(record), args.seeds, scopes, command)
+    write_section(args.report, f"{SECTION}_{args.policy}", text)
     print(text)  # noqa: T201
 
 

@@ -133,3 +133,105 @@ def test_ablation_report_pools_shaping_and_reads_the_curves(ablation, study):
     assert "| fidelity EM | +0.250 ± 0.100 | 4 of 4 |" in text
     # success: 0.9-0.7, 0.9-0.9, 0.8-0.8, 1.0-0.8 = +0.2, 0, 0, +0.2 -> +0.1 +- 0.115, 2 positive
     assert "| real success | +0.100 ± 0.115 | 2 of 4 |" in text
+
+
+# -- the real-model study: scopes, the results file, the scoped report ---------------------------------------------
+
+
+def test_a_scope_prefixes_its_keys_and_directories_and_uses_its_presets_configs(study):
+    desk = study.Settings("out", 10, 20, policy="smollm2", domain="desk")
+    keys = [job.key for job in study.plan(desk, [0])]
+    assert keys[:3] == ["smollm2-desk-s0-warm", "smollm2-desk-s0-eval-d", "smollm2-desk-s0-a"]
+    assert next(j for j in study.plan(desk, [0]) if j.key == "smollm2-desk-s0-e").needs == ("smollm2-desk-s0-a",)
+    assert desk.root(1) == "out/smollm2-desk-seed1"
+    assert (desk.sft_config, desk.rl_config) == ("lit_configs/smollm2_sft.yaml", "lit_configs/smollm2_rl.yaml")
+    assert desk.splits() == {"test": "builtin:desk-test", "heldout": "builtin:desk-heldout"}
+    assert "--data.train_tasks=builtin:desk:500" in desk.on_domain(desk.sft_config)
+    original = study.Settings("out", 10, 20)  # the tiny study on the bank keeps its keys and directories
+    assert [j.key for j in study.plan(original, [0])][:2] == ["s0-warm", "s0-eval-d"]
+    assert original.root(0) == "out/seed0"
+    with pytest.raises(ValueError, match="--policy 'gpt'"):
+        _ = study.Settings("out", 10, 20, policy="gpt").sft_config
+
+
+def test_the_results_file_skips_recorded_jobs_and_retrains_a_missing_checkpoint(study, tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # the worker processes import the module by name
+    record = tmp_path / "record.json"
+    warm = str(tmp_path / "warm")  # recorded, but its checkpoint directory is gone (a fresh clone)
+    study.add_to_record(str(record), "s0-warm", {"policy": warm, "seconds": 5.0})
+    study.add_to_record(str(record), "s0-eval-d", {"test": {"success_act": 0.5}})
+    jobs = [study.Job("s0-warm", dict, ([("policy", warm), ("seconds", 7.0)],)),
+            study.Job("s0-eval-d", dict, ([("test", "rerun")],), ("s0-warm",)),
+            study.Job("s0-a", dict, ([("policy", "a"), ("seconds", 3.0)],), ("s0-warm",))]
+    out = tmp_path / "out"
+    out.mkdir()
+    results = study.run_all(jobs, str(out), workers=1, record=str(record))
+    assert results["s0-warm"]["seconds"] == 7.0  # trained again, since s0-a needs it
+    assert results["s0-eval-d"] == {"test": {"success_act": 0.5}}  # recorded: not run again
+    saved = study.read_record(str(record))
+    assert saved["s0-warm"] == {"policy": warm, "seconds": 5.0}  # the recorded result is kept
+    assert saved["s0-a"] == {"policy": "a", "seconds": 3.0}
+
+
+def test_max_jobs_runs_one_job_and_stops(study, tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    record = str(tmp_path / "record.json")
+    jobs = [study.Job(f"s0-{k}", dict, ([("seconds", 1.0)],)) for k in ("warm", "a")]
+    results = study.run_all(jobs, str(tmp_path), workers=2, record=record, max_jobs=1)
+    assert list(results) == ["s0-warm"] and list(study.read_record(record)) == ["s0-warm"]
+    results = study.run_all(jobs, str(tmp_path), workers=2, record=record, max_jobs=1)  # the next call: the next job
+    assert sorted(study.read_record(record)) == ["s0-a", "s0-warm"]
+
+
+def test_a_broken_results_file_is_named(study, tmp_path):
+    bad = tmp_path / "record.json"
+    bad.write_text("[1, 2]")
+    with pytest.raises(ValueError, match="record.json: expected a JSON object"):
+        study.read_record(str(bad))
+    bad.write_text("{")
+    with pytest.raises(ValueError, match="record.json: not valid JSON"):
+        study.read_record(str(bad))
+
+
+def test_the_scoped_report_pairs_per_seed_and_marks_pending_arms(study):
+    scope = study.Settings("out", 10, 20, policy="smollm2", domain="bank")
+    success = {"a": [0.75, 0.5], "b": [0.5, 0.5], "d": [0.25, 0.5]}  # c and e not run yet
+    results = {}
+    for arm, values in success.items():
+        for seed, value in enumerate(values):
+            results[scope.key(seed, f"eval-{arm}")] = {"test": {"success_act": value}, "heldout": {"success_act": 0.0}}
+            job = scope.key(seed, "warm" if arm == "d" else arm)
+            results[job] = {"seconds": 60.0, "real_calls": 4.0 * (arm == "b")}
+    text = study.scoped_report(results, [0, 1], [scope], "cmd")
+    row = {line.split("|")[1].strip()[:3]: [c.strip() for c in line.split("|")[1:-1]]
+           for line in text.splitlines() if line.startswith("| (")}
+    # (a) - (d) per seed: +0.5, 0.0 -> mean +0.25, std 0.354; (a) - (b): +0.25, 0.0 -> +0.125
+    assert row["(a)"][3] == "+0.250 ± 0.354 (+0.500 / +0.000)" and row["(a)"][4] == "+0.125 ± 0.177 (+0.250 / +0.000)"
+    assert row["(a)"][1] == "0.625 ± 0.177 (0.750 / 0.500)" and row["(a)"][2] == "0.030"  # sqrt(.625*.375/256)
+    assert row["(b)"][8] == "8" and row["(d)"][3] == "–"
+    assert row["(c)"][1] == "pending" and row["(e)"][9] == "pending"
+    assert text.splitlines()[-1] == ("SUMMARY gain=0.250 std=0.354 gain_vs_real=0.125 real_calls_rl=0 "
+                                     "rehearsal_gain_envace=nan rehearsal_gain_base=nan")
+
+
+def test_the_printed_command_leaves_out_the_pacing(study):
+    assert study._without_max_jobs(["--policy", "smollm2", "--max-jobs", "1", "--seeds", "0", "1"]) == [
+        "--policy", "smollm2", "--seeds", "0", "1"]
+    assert study._without_max_jobs(["--max-jobs=2", "--rl-steps", "40"]) == ["--rl-steps", "40"]
+
+
+def test_max_jobs_zero_only_rebuilds_the_report_from_the_record(study, tmp_path, capsys, monkeypatch):
+    record, report = tmp_path / "smollm2.json", tmp_path / "results.md"
+    study.add_to_record(str(record), "smollm2-bank-s0-eval-d", {"test": {"success_act": 0.5},
+                                                               "heldout": {"success_act": 0.0}})
+
+    def never(*args, **kwargs):
+        raise AssertionError("nothing may run with --max-jobs 0")
+
+    monkeypatch.setattr(study, "run_all", never)
+    study.main(["--policy", "smollm2", "--seeds", "0", "1", "--record", str(record), "--report", str(report),
+                "--out", str(tmp_path / "runs"), "--max-jobs", "0"])
+    text = report.read_text()
+    assert "<!-- BEGIN controlled_study_smollm2 -->" in text and "--max-jobs" not in text
+    assert "| (d) no RL (the warm start) | 0.500 ± 0.000 (0.500 / –) |" in text
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("SUMMARY gain=nan std=nan gain_vs_real=nan")
