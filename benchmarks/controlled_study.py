@@ -106,6 +106,8 @@ class Settings:
     levers: tuple[tuple[str, tuple[str, ...]], ...] = ()
     policy: str = "tiny"
     domain: str = "bank"
+    rehearsal_budgets: tuple[int, ...] = (0, 2, 4)
+    rehearsal_selector: str = "envace.private_rehearsal.OutcomeMajorityCommit"
 
     @property
     def tag(self) -> str:
@@ -223,6 +225,33 @@ def evaluate(settings: Settings, seed: int, arm: str, policy: str) -> dict[str, 
             splits.items()}
 
 
+REHEARSED_ARMS = {"a": "envace", "d": "base"}
+"""The arms whose policies rehearse privately at test time: EnvACE's and its warm start."""
+
+
+def rehearse_at_test(settings: Settings, seed: int, arm: str, policy: str) -> dict[str, Any]:
+    """Test-time private rehearsal of one checkpoint on the domain's test split: every budget, parallel and
+    sequential (``callbacks.rehearsal_budget.RehearsalBudgetAblation`` in ``envace test``); its record."""
+    from envace.cli import cli_main
+
+    root = f"{settings.root(seed)}/rehearsal/{arm}"
+    callback = {"class_path": "callbacks.rehearsal_budget.RehearsalBudgetAblation",
+                "init_args": {"tasks": settings.splits()["test"], "limit": settings.eval_tasks,
+                              "budgets": list(settings.rehearsal_budgets), "modes": ["parallel", "sequential"],
+                              "seed": seed, "selector": {"class_path": settings.rehearsal_selector},
+                              "batch_size": 16, "output_dir": root}}
+    cli = cli_main([
+        "test", "--config", settings.rl_config, "--model.init_args.policy=envace.policy.HFPolicy",
+        f"--model.init_args.policy.init_args.name_or_path={policy}", *settings.on_domain(settings.rl_config),
+        f"--data.test_tasks={settings.splits()['test']}:1", "--trainer.limit_test_batches=1",
+        "--trainer.logger=false", f"--trainer.default_root_dir={root}", f"--seed_everything={seed}",
+        "--model.init_args.eval_imagined=false", "--model.init_args.eval_fidelity=false",
+        f"--trainer.callbacks={json.dumps([callback])}",
+    ])
+    (ablation,) = [c for c in cli.trainer.callbacks if type(c).__name__ == "RehearsalBudgetAblation"]
+    return ablation.history[-1]
+
+
 def _prefixed(metrics: dict[str, float], prefix: str) -> dict[str, float]:
     return {k: v for k, v in metrics.items() if k.startswith(prefix)}
 
@@ -269,6 +298,12 @@ def plan(settings: Settings, seeds: list[int]) -> list[Job]:
                         lambda r, s=s: (r[k(s, "a")]["seconds"],)))
         jobs.append(Job(k(s, "eval-e"), evaluate, (settings, s, "e"), (k(s, "e"),),
                         lambda r, s=s: (r[k(s, "e")]["policy"],)))
+    if settings.tag:  # the real-model study also rehearses privately at test time (the tiny one has its own script)
+        for s in seeds:
+            for arm in REHEARSED_ARMS:
+                source = k(s, "warm" if arm == "d" else arm)
+                jobs.append(Job(k(s, f"rehearsal-{arm}"), rehearse_at_test, (settings, s, arm), (source,),
+                                lambda r, source=source: (r[source]["policy"],)))
     for name, _ in settings.levers:  # after the main arms: the study's table comes first
         arm = LEVER_PREFIX + name
         for s in seeds:
@@ -496,6 +531,7 @@ def scoped_report(results: dict[str, dict[str, Any]], seeds: list[int], scopes: 
             f"seed {s}: " + (f"{w.get('val_success_best', float('nan')):.3f} / {w.get('steps', 0):.0f} / "
                              f"{w.get('seconds', 0):.0f} s" if w else "pending") for s, w in zip(seeds, warm)) + ".",
                   ""]
+    lines += rehearsal_table(results, seeds, scopes)
     gains = [g for scope in scopes for g in known(paired(scope, "a", "d", "test"))]
     versus_real = [g for scope in scopes for g in known(paired(scope, "a", "b", "test"))]
     calls = sum(float(results.get(scope.key(s, "a"), {}).get("real_calls", 0.0)) for scope in scopes for s in seeds)
@@ -504,9 +540,52 @@ def scoped_report(results: dict[str, dict[str, Any]], seeds: list[int], scopes: 
         return f"{statistics.fmean(values):.3f}" if values else "nan"
 
     std = f"{_stats(gains)[1]:.3f}" if gains else "nan"
+    rehearsal = {arm: rehearsal_gain(results, seeds, scopes, arm) for arm in REHEARSED_ARMS}
     lines.append(f"SUMMARY gain={mean(gains)} std={std} gain_vs_real={mean(versus_real)} "
-                 f"real_calls_rl={int(calls)} rehearsal_gain_envace=nan rehearsal_gain_base=nan")
+                 f"real_calls_rl={int(calls)} rehearsal_gain_envace={rehearsal['a']} "
+                 f"rehearsal_gain_base={rehearsal['d']}")
     return "\n".join(lines)
+
+
+def _rehearsal_success(results: dict[str, dict[str, Any]], scope: Settings, seed: int, arm: str, mode: str,
+                       budget: int) -> float:
+    rows = results.get(scope.key(seed, f"rehearsal-{arm}"), {}).get("rows", [])
+    found = [r["success"] for r in rows if r["mode"] == mode and r["budget"] == budget]
+    return float(found[0]) if found else float("nan")
+
+
+def rehearsal_gain(results: dict[str, dict[str, Any]], seeds: list[int], scopes: list[Settings], arm: str) -> str:
+    """Best budget (> 0, either mode) minus budget 0, on means over seeds and domains; ``nan`` until measured."""
+    budgets = scopes[0].rehearsal_budgets
+
+    def mean_at(mode: str, budget: int) -> float:
+        values = [_rehearsal_success(results, scope, s, arm, mode, budget) for scope in scopes for s in seeds]
+        return statistics.fmean(values) if values and all(v == v for v in values) else float("nan")
+
+    plain = mean_at("parallel", 0)
+    best = [mean_at(mode, b) for mode in ("parallel", "sequential") for b in budgets if b > 0]
+    best = [b for b in best if b == b]
+    return f"{max(best) - plain:.3f}" if best and plain == plain else "nan"
+
+
+def rehearsal_table(results: dict[str, dict[str, Any]], seeds: list[int], scopes: list[Settings]) -> list[str]:
+    """Test-time private rehearsal: real success per budget and mode, for EnvACE's policy (a) and its warm start (d)."""
+    budgets = scopes[0].rehearsal_budgets
+    lines = ["## Private rehearsal at test time", "",
+             f"Real success on the test split with *budget* imagined attempts before each committed act turn "
+             f"(`{scopes[0].rehearsal_selector.rsplit('.', 1)[-1]}` commits), means ± std over seeds.", "",
+             "| domain | policy | mode | " + " | ".join(f"budget {b}" for b in budgets) + " |",
+             "|---|---|---|" + "---|" * len(budgets)]
+    for scope in scopes:
+        for arm, name in REHEARSED_ARMS.items():
+            for mode in ("parallel", "sequential"):
+                cells = []
+                for b in budgets:
+                    values = [_rehearsal_success(results, scope, s, arm, mode, b) for s in seeds]
+                    have = [v for v in values if v == v]
+                    cells.append(f"{_stats(have)[0]:.3f} ± {_stats(have)[1]:.3f}" if have else "pending")
+                lines.append(f"| {scope.domain} | {name} ({arm}) | {mode} | " + " | ".join(cells) + " |")
+    return lines + [""]
 
 
 def lever_table(settings: Settings, seeds: list[int], cell: Callable[[str, str, str], str],
@@ -593,6 +672,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--record", default=None,
                         help="the results file kept in version control (default for a real model: "
                              "docs/study/<policy>.json): recorded jobs are skipped, each finished job is added")
+    parser.add_argument("--rehearsal-budgets", type=int, nargs="+", default=[0, 2, 4],
+                        help="test-time private rehearsal budgets of arms (a) and (d) (a real-model study)")
+    parser.add_argument("--rehearsal-selector", default="envace.private_rehearsal.OutcomeMajorityCommit",
+                        help="what a test-time rehearsal commits (a class path in envace.private_rehearsal)")
     parser.add_argument("--max-jobs", type=int, default=None,
                         help="start at most this many jobs, then rebuild the report from what is recorded (0: only "
                              "rebuild it)")
@@ -606,8 +689,11 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as err:
         parser.error(str(err))
     Path(args.out).mkdir(parents=True, exist_ok=True)
+    if 0 not in args.rehearsal_budgets or any(b < 0 for b in args.rehearsal_budgets):
+        parser.error("--rehearsal-budgets must include 0 (plain acting, the baseline) and none below it")
     scopes = [Settings(args.out, args.rl_steps, args.sft_max_steps, tuple(args.sft), tuple(args.rl), args.eval_tasks,
-                       tuple(args.warm), levers, args.policy, domain) for domain in args.domains]
+                       tuple(args.warm), levers, args.policy, domain, tuple(sorted(set(args.rehearsal_budgets))),
+                       args.rehearsal_selector) for domain in args.domains]
     given = list(argv if argv is not None else sys.argv[1:])
     command = " ".join(["python benchmarks/controlled_study.py", *map(shlex.quote, _without_max_jobs(given))])
     if args.policy == "tiny" and args.domains == ["bank"] and args.record is None:  # the original study

@@ -235,3 +235,30 @@ def test_max_jobs_zero_only_rebuilds_the_report_from_the_record(study, tmp_path,
     assert "<!-- BEGIN controlled_study_smollm2 -->" in text and "--max-jobs" not in text
     assert "| (d) no RL (the warm start) | 0.500 ± 0.000 (0.500 / –) |" in text
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("SUMMARY gain=nan std=nan gain_vs_real=nan")
+
+
+def test_a_real_model_scope_plans_test_time_rehearsal_of_a_and_d(study):
+    scope = study.Settings("out", 10, 20, policy="smollm2", domain="bank")
+    jobs = {job.key: job for job in study.plan(scope, [0])}
+    assert jobs["smollm2-bank-s0-rehearsal-a"].needs == ("smollm2-bank-s0-a",)
+    assert jobs["smollm2-bank-s0-rehearsal-d"].needs == ("smollm2-bank-s0-warm",)
+    assert not any("rehearsal" in job.key for job in study.plan(study.Settings("out", 10, 20), [0]))
+
+
+def test_the_rehearsal_table_and_its_gains(study):
+    scope = study.Settings("out", 10, 20, policy="smollm2", domain="bank")
+
+    def record(success: dict[tuple[str, int], float]) -> dict:
+        return {"rows": [{"mode": m, "budget": b, "success": v} for (m, b), v in success.items()]}
+
+    results = {}
+    for seed, shift in ((0, 0.0), (1, 0.1)):
+        results[scope.key(seed, "rehearsal-a")] = record({("parallel", 0): 0.5 + shift, ("parallel", 2): 0.6 + shift,
+                                                          ("parallel", 4): 0.55, ("sequential", 2): 0.7 + shift,
+                                                          ("sequential", 4): 0.4})
+    text = "\n".join(study.rehearsal_table(results, [0, 1], [scope]))
+    assert "| bank | envace (a) | sequential | pending | 0.750 ± 0.071 | 0.400 ± 0.000 |" in text
+    assert "| bank | base (d) | parallel | pending | pending | pending |" in text
+    # best of budget > 0: sequential 2 at mean 0.75; budget 0 (parallel) at mean 0.55 -> +0.200
+    assert study.rehearsal_gain(results, [0, 1], [scope], "a") == "0.200"
+    assert study.rehearsal_gain(results, [0, 1], [scope], "d") == "nan"
