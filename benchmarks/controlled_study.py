@@ -37,6 +37,7 @@ import json  # noqa: E402
 import logging  # noqa: E402
 import math  # noqa: E402
 import multiprocessing  # noqa: E402
+import re  # noqa: E402
 import shlex  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
@@ -108,6 +109,8 @@ class Settings:
     domain: str = "bank"
     rehearsal_budgets: tuple[int, ...] = (0, 2, 4)
     rehearsal_selector: str = "envace.private_rehearsal.OutcomeMajorityCommit"
+    curve_every: int = 0
+    curve_tasks: int = 32
 
     @property
     def tag(self) -> str:
@@ -193,10 +196,42 @@ def rl_arm(settings: Settings, seed: int, arm: str) -> dict[str, Any]:
     stage = fit(settings.rl_config, f"{root}/policy", root, [
         *_seed_args(seed), f"--model.policy.init_args.name_or_path={settings.root(seed)}/warm/policy",
         *settings.on_domain(settings.rl_config), f"--model.world={world}", f"--trainer.max_steps={settings.rl_steps}",
-        "--trainer.limit_val_batches=0", *settings.extra_rl, *(lever or ()),  # timed: training only (tested after)
+        "--trainer.limit_val_batches=0", *_curve_args(settings), *settings.extra_rl, *(lever or ()),
     ])
-    return {"seconds": stage.seconds, "policy": stage.export_dir,
-            "real_calls": stage.metrics.get("train/real_calls_total", float("nan"))}
+    result = {"seconds": stage.seconds, "policy": stage.export_dir,
+              "real_calls": stage.metrics.get("train/real_calls_total", float("nan"))}
+    logged = _scalars(root, ("train/rollout_time_s", "train/update_time_s", "val/fidelity_exact_match",
+                             "val/imagined_success", "val/success_act"))
+    if logged.get("train/rollout_time_s"):  # training alone, without the curve's validations: arm (e)'s budget
+        result["train_seconds"] = sum(logged["train/rollout_time_s"].values()) + sum(
+            logged.get("train/update_time_s", {}).values())
+    if settings.curve_every:
+        result["curve"] = {name.removeprefix("val/"): sorted(values.items()) for name, values in logged.items()
+                           if name.startswith("val/")}
+    return result
+
+
+def _curve_args(settings: Settings) -> list[str]:
+    """Validation every ``curve_every`` steps on ``curve_tasks`` validation tasks: the curves of rehearsal fidelity,
+    imagined and real success during RL (none when ``curve_every`` is 0)."""
+    if not settings.curve_every:
+        return []
+    return ["--trainer.limit_val_batches=1", f"--trainer.val_check_interval={settings.curve_every}",
+            f"--data.val_tasks=builtin:{settings.domain}-val:{settings.curve_tasks}",
+            f"--data.eval_batch_size={settings.curve_tasks}"]
+
+
+def _scalars(root: str, tags: tuple[str, ...]) -> dict[str, dict[int, float]]:
+    """``{tag: {step: value}}`` of the TensorBoard scalars logged under ``root`` (tags never logged are absent)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    found: dict[str, dict[int, float]] = {}
+    for events in sorted(Path(root).rglob("events.out.tfevents.*")):
+        acc = EventAccumulator(str(events), size_guidance={"scalars": 0})
+        acc.Reload()
+        for tag in set(tags) & set(acc.Tags()["scalars"]):
+            found.setdefault(tag, {}).update({e.step: float(e.value) for e in acc.Scalars(tag)})
+    return found
 
 
 def sft_continued(settings: Settings, seed: int, seconds: float) -> dict[str, Any]:
@@ -295,7 +330,7 @@ def plan(settings: Settings, seeds: list[int]) -> list[Job]:
             jobs.append(Job(k(s, f"eval-{arm}"), evaluate, (settings, s, arm), (k(s, arm),),
                             lambda r, s=s, arm=arm: (r[k(s, arm)]["policy"],)))
         jobs.append(Job(k(s, "e"), sft_continued, (settings, s), (k(s, "a"),),
-                        lambda r, s=s: (r[k(s, "a")]["seconds"],)))
+                        lambda r, s=s: (r[k(s, "a")].get("train_seconds", r[k(s, "a")]["seconds"]),)))
         jobs.append(Job(k(s, "eval-e"), evaluate, (settings, s, "e"), (k(s, "e"),),
                         lambda r, s=s: (r[k(s, "e")]["policy"],)))
     if settings.tag:  # the real-model study also rehearses privately at test time (the tiny one has its own script)
@@ -471,7 +506,7 @@ SPLIT_SIZES = {"test": 256, "heldout": 128}
 
 
 def scoped_report(results: dict[str, dict[str, Any]], seeds: list[int], scopes: list[Settings],
-                  command: str) -> str:
+                  command: str, tiny_report: str = "") -> str:
     """The real-model study's report: one table per domain, arms (a)-(e), and the SUMMARY over seeds and domains.
 
     Every cell is read from ``results`` (the results file); an arm not run yet shows ``pending``, and the SUMMARY
@@ -532,6 +567,8 @@ def scoped_report(results: dict[str, dict[str, Any]], seeds: list[int], scopes: 
                              f"{w.get('seconds', 0):.0f} s" if w else "pending") for s, w in zip(seeds, warm)) + ".",
                   ""]
     lines += rehearsal_table(results, seeds, scopes)
+    lines += curve_table(results, seeds, scopes)
+    lines += scale_table(results, seeds, scopes, tiny_report)
     gains = [g for scope in scopes for g in known(paired(scope, "a", "d", "test"))]
     versus_real = [g for scope in scopes for g in known(paired(scope, "a", "b", "test"))]
     calls = sum(float(results.get(scope.key(s, "a"), {}).get("real_calls", 0.0)) for scope in scopes for s in seeds)
@@ -588,6 +625,59 @@ def rehearsal_table(results: dict[str, dict[str, Any]], seeds: list[int], scopes
     return lines + [""]
 
 
+def curve_table(results: dict[str, dict[str, Any]], seeds: list[int], scopes: list[Settings]) -> list[str]:
+    """Rehearsal fidelity (exact match on validation tasks) during RL, per RL arm: means over seeds per step."""
+    lines: list[str] = []
+    for scope in scopes:
+        curves = {arm: [results.get(scope.key(s, arm), {}).get("curve", {}).get("fidelity_exact_match", [])
+                        for s in seeds] for arm in ("a", "b", "c")}
+        steps = sorted({int(step) for per_seed in curves.values() for curve in per_seed for step, _ in curve})
+        if not steps:
+            continue
+        if not lines:
+            lines = ["## Rehearsal fidelity during RL", "",
+                     "Exact match of the rehearsed responses to the reference calls of the validation tasks "
+                     "(`--curve-tasks`), teacher-forced, greedy, every `--curve-every` steps; means over seeds.", ""]
+        lines += [f"| {scope.domain}: arm | " + " | ".join(f"step {t}" for t in steps) + " |",
+                  "|---|" + "---|" * len(steps)]
+        for arm, per_seed in curves.items():
+            cells = []
+            for step in steps:
+                values = [v for curve in per_seed for t, v in curve if int(t) == step]
+                cells.append(f"{statistics.fmean(values):.3f}" if values else "–")
+            lines.append(f"| ({arm}) | " + " | ".join(cells) + " |")
+        lines.append("")
+    return lines
+
+
+TINY_ROW = re.compile(r"^\| \(([a-e])\) [^|]+\| ([0-9.]+) ± ([0-9.]+) \([^|]*\| ([0-9.]+) ± ([0-9.]+) ", re.M)
+
+
+def scale_table(results: dict[str, dict[str, Any]], seeds: list[int], scopes: list[Settings],
+                tiny_report: str) -> list[str]:
+    """The tiny policy's bank study (its section of the report, as it was written) beside this policy's, arm by arm."""
+    tiny = {arm: (f"{m:.3f} ± {s:.3f}", f"{hm:.3f} ± {hs:.3f}") for arm, m, s, hm, hs in
+            ((a, float(m), float(s), float(hm), float(hs)) for a, m, s, hm, hs in TINY_ROW.findall(tiny_report))}
+    if not tiny:
+        return []
+    bank = next((scope for scope in scopes if scope.domain == "bank"), None)
+    lines = ["## Scale: the tiny policy beside this one (bank)", "",
+             "The tiny policy's numbers are its controlled study's (the `controlled_study` section of this file); "
+             "both are real success, greedy, on the bank test split and held-out templates, means ± std over seeds.",
+             "", f"| arm | tiny, test | tiny, held-out | {scopes[0].policy}, test | {scopes[0].policy}, held-out |",
+             "|---|---|---|---|---|"]
+    for arm, title in ARMS.items():
+        mine = []
+        for split in ("test", "heldout"):
+            values = [float(results.get(bank.key(s, f"eval-{arm}"), {}).get(split, {}).get("success_act", "nan"))
+                      for s in seeds] if bank else []
+            have = [v for v in values if v == v]
+            mine.append(f"{_stats(have)[0]:.3f} ± {_stats(have)[1]:.3f}" if have else "pending")
+        small = tiny.get(arm, ("–", "–"))
+        lines.append(f"| ({arm}) {title} | {small[0]} | {small[1]} | {mine[0]} | {mine[1]} |")
+    return lines + [""]
+
+
 def lever_table(settings: Settings, seeds: list[int], cell: Callable[[str, str, str], str],
                 metric: Callable[[str, int, str, str], float], spent: Callable[[str], str],
                 seconds: Callable[[str], str]) -> list[str]:
@@ -616,6 +706,12 @@ def lever_table(settings: Settings, seeds: list[int], cell: Callable[[str, str, 
             f"{cell(arm, 'test', 'fidelity_exact_match')} | {spent(arm)} | {seconds(arm)} |"
         )
     return lines
+
+
+def _section(text: str, name: str) -> str:
+    """The ``name`` section of a report (between its markers), or empty."""
+    begin, end = f"<!-- BEGIN {name} -->", f"<!-- END {name} -->"
+    return text[text.index(begin) + len(begin):text.index(end)] if begin in text and end in text else ""
 
 
 def write_section(path: str, name: str, text: str) -> None:
@@ -676,6 +772,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="test-time private rehearsal budgets of arms (a) and (d) (a real-model study)")
     parser.add_argument("--rehearsal-selector", default="envace.private_rehearsal.OutcomeMajorityCommit",
                         help="what a test-time rehearsal commits (a class path in envace.private_rehearsal)")
+    parser.add_argument("--curve-every", type=int, default=0,
+                        help="validate every this many RL steps (rehearsal fidelity, imagined and real success "
+                             "curves during RL); 0: no curve")
+    parser.add_argument("--curve-tasks", type=int, default=32, help="validation tasks of each curve point")
     parser.add_argument("--max-jobs", type=int, default=None,
                         help="start at most this many jobs, then rebuild the report from what is recorded (0: only "
                              "rebuild it)")
@@ -693,7 +793,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--rehearsal-budgets must include 0 (plain acting, the baseline) and none below it")
     scopes = [Settings(args.out, args.rl_steps, args.sft_max_steps, tuple(args.sft), tuple(args.rl), args.eval_tasks,
                        tuple(args.warm), levers, args.policy, domain, tuple(sorted(set(args.rehearsal_budgets))),
-                       args.rehearsal_selector) for domain in args.domains]
+                       args.rehearsal_selector, args.curve_every, args.curve_tasks) for domain in args.domains]
     given = list(argv if argv is not None else sys.argv[1:])
     command = " ".join(["python benchmarks/controlled_study.py", *map(shlex.quote, _without_max_jobs(given))])
     if args.policy == "tiny" and args.domains == ["bank"] and args.record is None:  # the original study
@@ -706,7 +806,9 @@ def main(argv: list[str] | None = None) -> None:
     jobs = [job for scope in scopes for job in plan(scope, args.seeds)]
     if args.max_jobs != 0:
         run_all(jobs, args.out, args.workers, record=record, max_jobs=args.max_jobs)
-    text = scoped_report(read_record(record), args.seeds, scopes, command)
+    report_file = Path(args.report)
+    tiny = _section(report_file.read_text(encoding="utf-8"), SECTION) if report_file.is_file() else ""
+    text = scoped_report(read_record(record), args.seeds, scopes, command, tiny)
     write_section(args.report, f"{SECTION}_{args.policy}", text)
     print(text)  # noqa: T201
 

@@ -262,3 +262,25 @@ def test_the_rehearsal_table_and_its_gains(study):
     # best of budget > 0: sequential 2 at mean 0.75; budget 0 (parallel) at mean 0.55 -> +0.200
     assert study.rehearsal_gain(results, [0, 1], [scope], "a") == "0.200"
     assert study.rehearsal_gain(results, [0, 1], [scope], "d") == "nan"
+
+
+def test_the_scale_table_reads_the_tiny_studys_own_rows(study):
+    tiny = (ROOT / "docs" / "results.md").read_text()
+    scope = study.Settings("out", 10, 20, policy="smollm2", domain="bank")
+    results = {scope.key(s, "eval-a"): {"test": {"success_act": v}, "heldout": {"success_act": 0.0}}
+               for s, v in ((0, 0.5), (1, 0.7))}
+    lines = study.scale_table(results, [0, 1], [scope], study._section(tiny, study.SECTION))
+    row = next(line for line in lines if line.startswith("| (a)"))
+    # the tiny row as docs/results.md has it (0.917 ± 0.019 on test, 0.000 ± 0.000 held out), SmolLM2's beside it
+    assert row.endswith("| 0.917 ± 0.019 | 0.000 ± 0.000 | 0.600 ± 0.141 | 0.000 ± 0.000 |")
+    assert next(line for line in lines if line.startswith("| (c)")).endswith("| pending | pending |")
+    assert study.scale_table(results, [0, 1], [scope], "") == []
+
+
+def test_the_curve_table_averages_each_step_over_seeds(study):
+    scope = study.Settings("out", 10, 20, policy="smollm2", domain="desk")
+    results = {scope.key(0, "a"): {"curve": {"fidelity_exact_match": [[10, 0.25], [20, 0.5]]}},
+               scope.key(1, "a"): {"curve": {"fidelity_exact_match": [[10, 0.75], [20, 0.5]]}}}
+    lines = study.curve_table(results, [0, 1], [scope])
+    assert "| desk: arm | step 10 | step 20 |" in lines and "| (a) | 0.500 | 0.500 |" in lines
+    assert "| (b) | – | – |" in lines and study.curve_table({}, [0, 1], [scope]) == []
