@@ -111,6 +111,7 @@ class Settings:
     rehearsal_selector: str = "envace.private_rehearsal.OutcomeMajorityCommit"
     curve_every: int = 0
     curve_tasks: int = 32
+    extra_eval: tuple[str, ...] = ()
 
     @property
     def tag(self) -> str:
@@ -256,8 +257,14 @@ def evaluate(settings: Settings, seed: int, arm: str, policy: str) -> dict[str, 
 
     splits = {k: v if settings.eval_tasks is None else f"{v}:{settings.eval_tasks}"
               for k, v in settings.splits().items()}
-    return {split: test(settings.rl_config, policy, tasks, f"{settings.root(seed)}/eval") for split, tasks in
-            splits.items()}
+    return {split: test(settings.rl_config, policy, tasks, f"{settings.root(seed)}/eval",
+                        [*_except_test_tasks(settings.on_domain(settings.rl_config)), *settings.extra_eval])
+            for split, tasks in splits.items()}
+
+
+def _except_test_tasks(overrides: list[str]) -> list[str]:
+    """A domain's overrides without its test set: an evaluation names the split it tests."""
+    return [o for o in overrides if not o.startswith("--data.test_tasks=")]
 
 
 REHEARSED_ARMS = {"a": "envace", "d": "base"}
@@ -281,7 +288,7 @@ def rehearse_at_test(settings: Settings, seed: int, arm: str, policy: str) -> di
         f"--data.test_tasks={settings.splits()['test']}:1", "--trainer.limit_test_batches=1",
         "--trainer.logger=false", f"--trainer.default_root_dir={root}", f"--seed_everything={seed}",
         "--model.init_args.eval_imagined=false", "--model.init_args.eval_fidelity=false",
-        f"--trainer.callbacks={json.dumps([callback])}",
+        f"--trainer.callbacks={json.dumps([callback])}", *settings.extra_eval,
     ])
     (ablation,) = [c for c in cli.trainer.callbacks if type(c).__name__ == "RehearsalBudgetAblation"]
     return ablation.history[-1]
@@ -759,6 +766,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="an extra `envace fit` argument of every RL arm (repeatable)")
     parser.add_argument("--warm", action="append", default=[], metavar="OVERRIDE",
                         help="an extra `envace fit` argument of the warm start only (repeatable)")
+    parser.add_argument("--eval", action="append", default=[], metavar="OVERRIDE",
+                        help="an extra `envace test` argument of every evaluation and test-time rehearsal (repeatable; "
+                             "e.g. --eval=--model.rollout.engine=vllm)")
     parser.add_argument("--lever", action="append", default=[], metavar="NAME:OVERRIDE",
                         help="a variant of arm (a) named NAME with an extra `envace fit` argument (repeat a NAME to "
                              "add arguments); trained from the same warm starts and reported in its own table")
@@ -793,7 +803,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--rehearsal-budgets must include 0 (plain acting, the baseline) and none below it")
     scopes = [Settings(args.out, args.rl_steps, args.sft_max_steps, tuple(args.sft), tuple(args.rl), args.eval_tasks,
                        tuple(args.warm), levers, args.policy, domain, tuple(sorted(set(args.rehearsal_budgets))),
-                       args.rehearsal_selector, args.curve_every, args.curve_tasks) for domain in args.domains]
+                       args.rehearsal_selector, args.curve_every, args.curve_tasks, tuple(args.eval))
+              for domain in args.domains]
     given = list(argv if argv is not None else sys.argv[1:])
     command = " ".join(["python benchmarks/controlled_study.py", *map(shlex.quote, _without_max_jobs(given))])
     if args.policy == "tiny" and args.domains == ["bank"] and args.record is None:  # the original study

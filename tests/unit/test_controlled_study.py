@@ -284,3 +284,19 @@ def test_the_curve_table_averages_each_step_over_seeds(study):
     lines = study.curve_table(results, [0, 1], [scope])
     assert "| desk: arm | step 10 | step 20 |" in lines and "| (a) | 0.500 | 0.500 |" in lines
     assert "| (b) | – | – |" in lines and study.curve_table({}, [0, 1], [scope]) == []
+
+
+def test_an_evaluation_tests_the_split_it_names_on_the_scopes_domain(study, monkeypatch):
+    import envace.demo
+
+    calls = []
+    monkeypatch.setattr(envace.demo, "evaluate", lambda config, policy, tasks, root, overrides=(): calls.append(
+        (config, tasks, list(overrides))) or {"success_act": 1.0})
+    scope = study.Settings("out", 10, 20, policy="smollm2", domain="desk", eval_tasks=64,
+                           extra_eval=("--model.rollout.engine=vllm",))
+    assert study.evaluate(scope, 0, "a", "p") == {"test": {"success_act": 1.0}, "heldout": {"success_act": 1.0}}
+    assert [c[1] for c in calls] == ["builtin:desk-test:64", "builtin:desk-heldout:64"]
+    for config, _, overrides in calls:
+        assert config == "lit_configs/smollm2_rl.yaml" and overrides[-1] == "--model.rollout.engine=vllm"
+        assert not any(o.startswith("--data.test_tasks=") for o in overrides)  # the split named above wins
+        assert any(o.startswith("--data.train_tasks=builtin:desk") for o in overrides)
