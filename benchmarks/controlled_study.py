@@ -112,6 +112,16 @@ class Settings:
     curve_every: int = 0
     curve_tasks: int = 32
     extra_eval: tuple[str, ...] = ()
+    demos: int | None = None
+
+    def demo_args(self, stage: str) -> list[str]:
+        """``--demos N``: the warm start (and arm (e)) trains on the domain's first N tasks' demonstrations, and RL
+        keeps the recorded references of those N only (the alignment term and shaping read no others)."""
+        if self.demos is None:
+            return []
+        if stage == "sft":
+            return [f"--data.train_tasks=builtin:{self.domain}:{self.demos}"]
+        return [f"--data.demonstrations={self.demos}"]
 
     @property
     def tag(self) -> str:
@@ -180,7 +190,7 @@ def warm_start(settings: Settings, seed: int) -> dict[str, Any]:
     root = f"{settings.root(seed)}/warm"
     weights = [f"--model.init_args.policy.init_args.seed={seed}"] if _preset(settings.policy).seeds_weights else []
     stage = fit(settings.sft_config, f"{root}/policy", root, [
-        *_seed_args(seed), *weights, *settings.on_domain(settings.sft_config),
+        *_seed_args(seed), *weights, *settings.on_domain(settings.sft_config), *settings.demo_args("sft"),
         f"--trainer.max_steps={settings.sft_max_steps}", *settings.extra_sft, *settings.extra_warm,
     ])
     return {"seconds": stage.seconds, "steps": stage.steps, "policy": stage.export_dir,
@@ -197,7 +207,8 @@ def rl_arm(settings: Settings, seed: int, arm: str) -> dict[str, Any]:
     stage = fit(settings.rl_config, f"{root}/policy", root, [
         *_seed_args(seed), f"--model.policy.init_args.name_or_path={settings.root(seed)}/warm/policy",
         *settings.on_domain(settings.rl_config), f"--model.world={world}", f"--trainer.max_steps={settings.rl_steps}",
-        "--trainer.limit_val_batches=0", *_curve_args(settings), *settings.extra_rl, *(lever or ()),
+        "--trainer.limit_val_batches=0", *_curve_args(settings), *settings.demo_args("rl"), *settings.extra_rl,
+        *(lever or ()),
     ])
     result = {"seconds": stage.seconds, "policy": stage.export_dir,
               "real_calls": stage.metrics.get("train/real_calls_total", float("nan"))}
@@ -242,7 +253,8 @@ def sft_continued(settings: Settings, seed: int, seconds: float) -> dict[str, An
     root = f"{settings.root(seed)}/e"
     hours, rest = divmod(int(round(seconds)), 3600)
     stage = fit(settings.sft_config, f"{root}/policy", root, [
-        *_seed_args(seed), *settings.on_domain(settings.sft_config), "--model.init_args.policy=envace.policy.HFPolicy",
+        *_seed_args(seed), *settings.on_domain(settings.sft_config), *settings.demo_args("sft"),
+        "--model.init_args.policy=envace.policy.HFPolicy",
         f"--model.init_args.policy.init_args.name_or_path={settings.root(seed)}/warm/policy",
         "--trainer.callbacks=[]", "--model.init_args.export_best=null", "--trainer.max_steps=-1",
         "--trainer.limit_val_batches=0",
@@ -782,6 +794,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="test-time private rehearsal budgets of arms (a) and (d) (a real-model study)")
     parser.add_argument("--rehearsal-selector", default="envace.private_rehearsal.OutcomeMajorityCommit",
                         help="what a test-time rehearsal commits (a class path in envace.private_rehearsal)")
+    parser.add_argument("--demos", type=int, default=None,
+                        help="demonstrations of the warm start (and arm (e)): the domain's first N training tasks; the "
+                             "RL arms keep those N references (default: each config's own)")
     parser.add_argument("--curve-every", type=int, default=0,
                         help="validate every this many RL steps (rehearsal fidelity, imagined and real success "
                              "curves during RL); 0: no curve")
@@ -799,11 +814,13 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as err:
         parser.error(str(err))
     Path(args.out).mkdir(parents=True, exist_ok=True)
+    if args.demos is not None and args.demos < 1:
+        parser.error("--demos must be at least 1")
     if 0 not in args.rehearsal_budgets or any(b < 0 for b in args.rehearsal_budgets):
         parser.error("--rehearsal-budgets must include 0 (plain acting, the baseline) and none below it")
     scopes = [Settings(args.out, args.rl_steps, args.sft_max_steps, tuple(args.sft), tuple(args.rl), args.eval_tasks,
                        tuple(args.warm), levers, args.policy, domain, tuple(sorted(set(args.rehearsal_budgets))),
-                       args.rehearsal_selector, args.curve_every, args.curve_tasks, tuple(args.eval))
+                       args.rehearsal_selector, args.curve_every, args.curve_tasks, tuple(args.eval), args.demos)
               for domain in args.domains]
     given = list(argv if argv is not None else sys.argv[1:])
     command = " ".join(["python benchmarks/controlled_study.py", *map(shlex.quote, _without_max_jobs(given))])

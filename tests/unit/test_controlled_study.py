@@ -300,3 +300,24 @@ def test_an_evaluation_tests_the_split_it_names_on_the_scopes_domain(study, monk
         assert config == "lit_configs/smollm2_rl.yaml" and overrides[-1] == "--model.rollout.engine=vllm"
         assert not any(o.startswith("--data.test_tasks=") for o in overrides)  # the split named above wins
         assert any(o.startswith("--data.train_tasks=builtin:desk") for o in overrides)
+
+
+def test_demos_tie_the_warm_starts_demonstrations_to_the_rl_arms_references(study, monkeypatch):
+    import envace.demo
+
+    seen = {}
+
+    def fit(config, export_dir, root, overrides=()):
+        seen[config] = list(overrides)
+        return envace.demo.StageResult(export_dir, 1.0, 3, {"train/real_calls_total": 0.0})
+
+    monkeypatch.setattr(envace.demo, "fit", fit)
+    monkeypatch.setattr(study, "_best_val", lambda root: 0.5)
+    scope = study.Settings("out", 10, 20, policy="smollm2", domain="desk", demos=64)
+    study.warm_start(scope, 0)
+    study.rl_arm(scope, 0, "a")
+    sft, rl = seen["lit_configs/smollm2_sft.yaml"], seen["lit_configs/smollm2_rl.yaml"]
+    assert "--data.train_tasks=builtin:desk:64" in sft and sft.index("--data.train_tasks=builtin:desk:64") > max(
+        i for i, o in enumerate(sft) if o.startswith("--data.train_tasks=builtin:desk:500"))  # the later one wins
+    assert "--data.demonstrations=64" in rl and "--model.world=envace.worlds.RehearseWorld" in rl
+    assert not any("policy.init_args.seed" in o for o in sft)  # a pretrained policy has its weights
