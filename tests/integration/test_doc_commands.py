@@ -439,7 +439,7 @@ def study_plan(*, overrides_on: str = "") -> Callable[[Path, list[str]], None]:
         name, args = _script_args(words)
         module = script(name)
 
-        def planned(jobs: list[Any], *rest: Any) -> None:
+        def planned(jobs: list[Any], *rest: Any, **options: Any) -> None:
             assert jobs, f"{name}: an empty job plan"
             raise _Planned(jobs)
 
