@@ -95,6 +95,7 @@ class Settings:
         eval_tasks: test on the first this-many tasks of each split; None: the packaged splits.
         levers: variants of arm (a), name -> their extra ``envace fit`` arguments (on top of ``extra_rl``); each is
             trained from the same warm starts and reported in a table of its own.
+        rehearsal_tasks: test-time private rehearsal on the first this-many test tasks; None: ``eval_tasks``.
     """
 
     out: str
@@ -113,6 +114,7 @@ class Settings:
     curve_tasks: int = 32
     extra_eval: tuple[str, ...] = ()
     demos: int | None = None
+    rehearsal_tasks: int | None = None
 
     def demo_args(self, stage: str) -> list[str]:
         """``--demos N``: the warm start (and arm (e)) trains on the domain's first N tasks' demonstrations, and RL
@@ -174,6 +176,12 @@ class Job:
     args: tuple[Any, ...]
     needs: tuple[str, ...] = ()
     extra: Callable[[dict[str, dict[str, Any]]], tuple[Any, ...]] = field(default=lambda results: ())
+    checkpoints: tuple[str, ...] | None = None
+    """The needs whose checkpoints this job reads (None: every need); the others lend it only their results."""
+
+    def reads(self) -> tuple[str, ...]:
+        """The jobs whose checkpoints must be on disk before this one runs."""
+        return self.needs if self.checkpoints is None else self.checkpoints
 
 
 # --- jobs (each runs in a worker process) ----------------------------------------------------------------------------
@@ -194,7 +202,25 @@ def warm_start(settings: Settings, seed: int) -> dict[str, Any]:
         f"--trainer.max_steps={settings.sft_max_steps}", *settings.extra_sft, *settings.extra_warm,
     ])
     return {"seconds": stage.seconds, "steps": stage.steps, "policy": stage.export_dir,
-            "val_success_best": _best_val(root), **_prefixed(stage.metrics, "val/")}
+            "weights_sha256": weights_digest(stage.export_dir), "val_success_best": _best_val(root),
+            **_prefixed(stage.metrics, "val/")}
+
+
+def weights_digest(policy: str) -> str:
+    """SHA-256 of an exported policy's weight files (``*.safetensors``, in name order): the fingerprint that tells
+    whether a checkpoint trained again from its seed is the one recorded."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    files = sorted(Path(policy).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{policy}: no *.safetensors weights to fingerprint")
+    for file in files:
+        digest.update(file.name.encode())
+        with file.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 24), b""):
+                digest.update(block)
+    return digest.hexdigest()
 
 
 def rl_arm(settings: Settings, seed: int, arm: str) -> dict[str, Any]:
@@ -210,7 +236,7 @@ def rl_arm(settings: Settings, seed: int, arm: str) -> dict[str, Any]:
         "--trainer.limit_val_batches=0", *_curve_args(settings), *settings.demo_args("rl"), *settings.extra_rl,
         *(lever or ()),
     ])
-    result = {"seconds": stage.seconds, "policy": stage.export_dir,
+    result = {"seconds": stage.seconds, "policy": stage.export_dir, "weights_sha256": weights_digest(stage.export_dir),
               "real_calls": stage.metrics.get("train/real_calls_total", float("nan"))}
     logged = _scalars(root, ("train/rollout_time_s", "train/update_time_s", "val/fidelity_exact_match",
                              "val/imagined_success", "val/success_act"))
@@ -289,8 +315,9 @@ def rehearse_at_test(settings: Settings, seed: int, arm: str, policy: str) -> di
     from envace.cli import cli_main
 
     root = f"{settings.root(seed)}/rehearsal/{arm}"
+    limit = settings.eval_tasks if settings.rehearsal_tasks is None else settings.rehearsal_tasks
     callback = {"class_path": "callbacks.rehearsal_budget.RehearsalBudgetAblation",
-                "init_args": {"tasks": settings.splits()["test"], "limit": settings.eval_tasks,
+                "init_args": {"tasks": settings.splits()["test"], "limit": limit,
                               "budgets": list(settings.rehearsal_budgets), "modes": ["parallel", "sequential"],
                               "seed": seed, "selector": {"class_path": settings.rehearsal_selector},
                               "batch_size": 16, "output_dir": root}}
@@ -338,27 +365,50 @@ def _run(job_key: str, fn: Callable[..., dict[str, Any]], args: tuple[Any, ...],
 
 
 def plan(settings: Settings, seeds: list[int]) -> list[Job]:
-    """Every job of the study, with its dependencies; warm starts first (the longest jobs, and every arm needs one)."""
+    """Every job of the study, with its dependencies.
+
+    The tiny study (workers in parallel) starts every warm start first, the longest jobs, which every arm needs. A
+    real-model study runs one job at a time across sessions whose checkpoints do not survive, so it keeps each seed's
+    jobs together and tests each checkpoint right after it is trained: a warm start is trained again at most once a
+    session, and an RL arm never.
+    """
     k = settings.key
+    if settings.tag:
+        return [job for s in seeds for job in _seed_jobs(settings, s)] + _lever_jobs(settings, seeds)
     jobs = [Job(k(s, "warm"), warm_start, (settings, s)) for s in seeds]
     for s in seeds:
-        jobs.append(Job(k(s, "eval-d"), evaluate, (settings, s, "d"), (k(s, "warm"),),
-                        lambda r, s=s: (r[k(s, "warm")]["policy"],)))
-        for arm in ("a", "b", "c"):
-            jobs.append(Job(k(s, arm), rl_arm, (settings, s, arm), (k(s, "warm"),)))
-            jobs.append(Job(k(s, f"eval-{arm}"), evaluate, (settings, s, arm), (k(s, arm),),
-                            lambda r, s=s, arm=arm: (r[k(s, arm)]["policy"],)))
-        jobs.append(Job(k(s, "e"), sft_continued, (settings, s), (k(s, "a"),),
-                        lambda r, s=s: (r[k(s, "a")].get("train_seconds", r[k(s, "a")]["seconds"]),)))
-        jobs.append(Job(k(s, "eval-e"), evaluate, (settings, s, "e"), (k(s, "e"),),
-                        lambda r, s=s: (r[k(s, "e")]["policy"],)))
-    if settings.tag:  # the real-model study also rehearses privately at test time (the tiny one has its own script)
-        for s in seeds:
-            for arm in REHEARSED_ARMS:
-                source = k(s, "warm" if arm == "d" else arm)
-                jobs.append(Job(k(s, f"rehearsal-{arm}"), rehearse_at_test, (settings, s, arm), (source,),
-                                lambda r, source=source: (r[source]["policy"],)))
-    for name, _ in settings.levers:  # after the main arms: the study's table comes first
+        jobs += [job for job in _seed_jobs(settings, s) if job.key != k(s, "warm")]
+    return jobs + _lever_jobs(settings, seeds)
+
+
+def _seed_jobs(settings: Settings, s: int) -> list[Job]:
+    """One seed's jobs: its warm start and (d)'s test, then per RL arm its training and tests, (e) after (a)."""
+    k = settings.key
+
+    def tested(arm: str, source: str) -> list[Job]:
+        jobs = [Job(k(s, f"eval-{arm}"), evaluate, (settings, s, arm), (source,),
+                    lambda r: (r[source]["policy"],))]
+        if settings.tag and arm in REHEARSED_ARMS:  # the real-model study also rehearses privately at test time
+            jobs.append(Job(k(s, f"rehearsal-{arm}"), rehearse_at_test, (settings, s, arm), (source,),
+                            lambda r: (r[source]["policy"],)))
+        return jobs
+
+    warm = k(s, "warm")
+    jobs = [Job(warm, warm_start, (settings, s)), *tested("d", warm)]
+    for arm in ("a", "b", "c"):
+        jobs += [Job(k(s, arm), rl_arm, (settings, s, arm), (warm,)), *tested(arm, k(s, arm))]
+        if arm == "a":  # (e) starts from the warm start, for (a)'s training time: (a)'s checkpoint is not read
+            jobs += [Job(k(s, "e"), sft_continued, (settings, s), (warm, k(s, "a")),
+                         lambda r: (r[k(s, "a")].get("train_seconds", r[k(s, "a")]["seconds"]),), (warm,)),
+                     *tested("e", k(s, "e"))]
+    return jobs
+
+
+def _lever_jobs(settings: Settings, seeds: list[int]) -> list[Job]:
+    """The levers' jobs, after the main arms (the study's table comes first)."""
+    k = settings.key
+    jobs = []
+    for name, _ in settings.levers:
         arm = LEVER_PREFIX + name
         for s in seeds:
             jobs.append(Job(k(s, arm), rl_arm, (settings, s, arm), (k(s, "warm"),)))
@@ -391,7 +441,7 @@ def run_all(jobs: list[Job], out: str, workers: int, record: str | None = None,
     recorded = read_record(record) if record else {}
     results.update({key: value for key, value in recorded.items() if key not in results})
     pending = [j for j in jobs if j.key not in results]
-    needed = {n for j in pending for n in j.needs}
+    needed = {n for j in pending for n in j.reads()}
     rebuild = [j for j in jobs if j.key in needed and j.key in results and not _checkpoint_present(results[j.key])]
     for job in rebuild:  # its checkpoint is gone (a fresh clone): train it again from its seed
         del results[job.key]
@@ -416,10 +466,28 @@ def run_all(jobs: list[Job], out: str, workers: int, record: str | None = None,
             for future in done:
                 job = running.pop(future)
                 results[job.key] = future.result()  # a failed job stops the study with its error
+                _same_as_recorded(job.key, recorded.get(job.key), results[job.key], record)
                 if record:
                     add_to_record(record, job.key, recorded.get(job.key, results[job.key]))
                 print(f"finished {job.key}", flush=True)  # noqa: T201
     return results
+
+
+def _same_as_recorded(key: str, recorded: dict[str, Any] | None, rebuilt: dict[str, Any], record: str | None) -> None:
+    """A checkpoint trained again from its seed must be the recorded one, bit for bit (its weights' SHA-256), or the
+    arms tested from it would not share what the record says they share.
+
+    Raises:
+        RuntimeError: the fingerprints differ, naming the job and the record.
+    """
+    if not recorded or "weights_sha256" not in recorded or "weights_sha256" not in rebuilt:
+        return
+    if recorded["weights_sha256"] != rebuilt["weights_sha256"]:
+        raise RuntimeError(
+            f"{key}: trained again from its seed (its checkpoint was gone), its weights differ from those {record} "
+            f"records (SHA-256 {rebuilt['weights_sha256'][:12]}... against {recorded['weights_sha256'][:12]}...): "
+            "the jobs still to run would not start from the checkpoint the recorded ones did. Rerun with the same "
+            "OMP_NUM_THREADS, torch and CPU as the recorded run, or start this scope again with a fresh --record")
 
 
 def _checkpoint_present(result: dict[str, Any]) -> bool:
@@ -627,8 +695,10 @@ def rehearsal_gain(results: dict[str, dict[str, Any]], seeds: list[int], scopes:
 def rehearsal_table(results: dict[str, dict[str, Any]], seeds: list[int], scopes: list[Settings]) -> list[str]:
     """Test-time private rehearsal: real success per budget and mode, for EnvACE's policy (a) and its warm start (d)."""
     budgets = scopes[0].rehearsal_budgets
+    limit = scopes[0].eval_tasks if scopes[0].rehearsal_tasks is None else scopes[0].rehearsal_tasks
+    tasks = "every test task" if limit is None else f"the first {limit} test tasks"
     lines = ["## Private rehearsal at test time", "",
-             f"Real success on the test split with *budget* imagined attempts before each committed act turn "
+             f"Real success on {tasks} with *budget* imagined attempts before each committed act turn "
              f"(`{scopes[0].rehearsal_selector.rsplit('.', 1)[-1]}` commits), means ± std over seeds.", "",
              "| domain | policy | mode | " + " | ".join(f"budget {b}" for b in budgets) + " |",
              "|---|---|---|" + "---|" * len(budgets)]
@@ -801,6 +871,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="validate every this many RL steps (rehearsal fidelity, imagined and real success "
                              "curves during RL); 0: no curve")
     parser.add_argument("--curve-tasks", type=int, default=32, help="validation tasks of each curve point")
+    parser.add_argument("--rehearsal-tasks", type=int, default=None,
+                        help="test-time private rehearsal on the first this-many test tasks (default: as --eval-tasks)")
     parser.add_argument("--max-jobs", type=int, default=None,
                         help="start at most this many jobs, then rebuild the report from what is recorded (0: only "
                              "rebuild it)")
@@ -816,11 +888,14 @@ def main(argv: list[str] | None = None) -> None:
     Path(args.out).mkdir(parents=True, exist_ok=True)
     if args.demos is not None and args.demos < 1:
         parser.error("--demos must be at least 1")
+    if args.rehearsal_tasks is not None and not 1 <= args.rehearsal_tasks <= SPLIT_SIZES["test"]:
+        parser.error(f"--rehearsal-tasks must be between 1 and {SPLIT_SIZES['test']} (the test split)")
     if 0 not in args.rehearsal_budgets or any(b < 0 for b in args.rehearsal_budgets):
         parser.error("--rehearsal-budgets must include 0 (plain acting, the baseline) and none below it")
     scopes = [Settings(args.out, args.rl_steps, args.sft_max_steps, tuple(args.sft), tuple(args.rl), args.eval_tasks,
                        tuple(args.warm), levers, args.policy, domain, tuple(sorted(set(args.rehearsal_budgets))),
-                       args.rehearsal_selector, args.curve_every, args.curve_tasks, tuple(args.eval), args.demos)
+                       args.rehearsal_selector, args.curve_every, args.curve_tasks, tuple(args.eval), args.demos,
+                       args.rehearsal_tasks)
               for domain in args.domains]
     given = list(argv if argv is not None else sys.argv[1:])
     command = " ".join(["python benchmarks/controlled_study.py", *map(shlex.quote, _without_max_jobs(given))])

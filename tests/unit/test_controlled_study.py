@@ -141,8 +141,10 @@ def test_ablation_report_pools_shaping_and_reads_the_curves(ablation, study):
 def test_a_scope_prefixes_its_keys_and_directories_and_uses_its_presets_configs(study):
     desk = study.Settings("out", 10, 20, policy="smollm2", domain="desk")
     keys = [job.key for job in study.plan(desk, [0])]
-    assert keys[:3] == ["smollm2-desk-s0-warm", "smollm2-desk-s0-eval-d", "smollm2-desk-s0-a"]
-    assert next(j for j in study.plan(desk, [0]) if j.key == "smollm2-desk-s0-e").needs == ("smollm2-desk-s0-a",)
+    assert keys[:4] == ["smollm2-desk-s0-warm", "smollm2-desk-s0-eval-d", "smollm2-desk-s0-rehearsal-d",
+                        "smollm2-desk-s0-a"]
+    arm_e = next(j for j in study.plan(desk, [0]) if j.key == "smollm2-desk-s0-e")
+    assert arm_e.needs == ("smollm2-desk-s0-warm", "smollm2-desk-s0-a") and arm_e.reads() == ("smollm2-desk-s0-warm",)
     assert desk.root(1) == "out/smollm2-desk-seed1"
     assert (desk.sft_config, desk.rl_config) == ("lit_configs/smollm2_sft.yaml", "lit_configs/smollm2_rl.yaml")
     assert desk.splits() == {"test": "builtin:desk-test", "heldout": "builtin:desk-heldout"}
@@ -313,6 +315,7 @@ def test_demos_tie_the_warm_starts_demonstrations_to_the_rl_arms_references(stud
 
     monkeypatch.setattr(envace.demo, "fit", fit)
     monkeypatch.setattr(study, "_best_val", lambda root: 0.5)
+    monkeypatch.setattr(study, "weights_digest", lambda policy: "0" * 64)
     scope = study.Settings("out", 10, 20, policy="smollm2", domain="desk", demos=64)
     study.warm_start(scope, 0)
     study.rl_arm(scope, 0, "a")
@@ -321,3 +324,71 @@ def test_demos_tie_the_warm_starts_demonstrations_to_the_rl_arms_references(stud
         i for i, o in enumerate(sft) if o.startswith("--data.train_tasks=builtin:desk:500"))  # the later one wins
     assert "--data.demonstrations=64" in rl and "--model.world=envace.worlds.RehearseWorld" in rl
     assert not any("policy.init_args.seed" in o for o in sft)  # a pretrained policy has its weights
+
+
+def test_a_real_model_study_keeps_each_seeds_jobs_together_and_tests_each_checkpoint_at_once(study):
+    scope = study.Settings("out", 10, 20, policy="smollm2", domain="bank", levers=(("g8", ("--x=1",)),))
+    keys = [job.key.removeprefix("smollm2-bank-") for job in study.plan(scope, [0, 1])]
+    seed0 = ["s0-warm", "s0-eval-d", "s0-rehearsal-d", "s0-a", "s0-eval-a", "s0-rehearsal-a", "s0-e", "s0-eval-e",
+             "s0-b", "s0-eval-b", "s0-c", "s0-eval-c"]
+    assert keys == [*seed0, *(k.replace("s0-", "s1-") for k in seed0), "s0-L-g8", "s0-eval-L-g8", "s1-L-g8",
+                    "s1-eval-L-g8"]
+    tiny = [job.key for job in study.plan(study.Settings("out", 10, 20), [0, 1])]
+    assert tiny[:2] == ["s0-warm", "s1-warm"]  # the tiny study, in parallel, starts every warm start first
+
+
+def test_a_retrained_checkpoint_must_match_the_recorded_fingerprint(study, tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    record = str(tmp_path / "record.json")
+    gone = str(tmp_path / "gone")  # the recorded warm start's checkpoint is not on disk
+    study.add_to_record(record, "s0-warm", {"policy": gone, "weights_sha256": "aa" * 32})
+    same = [study.Job("s0-warm", dict, ([("policy", gone), ("weights_sha256", "aa" * 32)],)),
+            study.Job("s0-a", dict, ([("policy", "a")],), ("s0-warm",))]
+    study.run_all(same, str(tmp_path), workers=1, record=record, max_jobs=1)  # retrained, identical: accepted
+    other = [study.Job("s0-warm", dict, ([("policy", gone), ("weights_sha256", "bb" * 32)],)), same[1]]
+    (tmp_path / "again").mkdir()  # a fresh output directory: the warm start is trained again
+    with pytest.raises(RuntimeError, match=r"s0-warm: trained again .* differ .*record.json .*bbbbbbbbbbbb"):
+        study.run_all(other, str(tmp_path / "again"), workers=1, record=record, max_jobs=1)
+    assert study.read_record(record)["s0-warm"]["weights_sha256"] == "aa" * 32
+    assert "s0-a" not in study.read_record(record)  # nothing ran from the different warm start
+
+
+def test_the_weights_fingerprint_covers_every_weight_file_by_name_and_content(study, tmp_path):
+    import hashlib
+
+    (tmp_path / "model-00002.safetensors").write_bytes(b"second")
+    (tmp_path / "model-00001.safetensors").write_bytes(b"first")
+    (tmp_path / "config.json").write_text("{}")  # not a weight: outside the fingerprint
+    expected = hashlib.sha256(b"model-00001.safetensorsfirstmodel-00002.safetensorssecond").hexdigest()
+    assert study.weights_digest(str(tmp_path)) == expected
+    (tmp_path / "model-00002.safetensors").write_bytes(b"changed")
+    assert study.weights_digest(str(tmp_path)) != expected
+    with pytest.raises(FileNotFoundError, match="no \\*.safetensors"):
+        study.weights_digest(str(tmp_path / "config.json"))
+
+
+def test_test_time_rehearsal_runs_on_the_tasks_it_is_given(study, monkeypatch):
+    import types
+
+    import envace.cli
+
+    seen = {}
+
+    def cli_main(args):
+        seen["args"] = args
+        ablation = type("RehearsalBudgetAblation", (), {"history": [{"rows": []}]})()
+        return types.SimpleNamespace(trainer=types.SimpleNamespace(callbacks=[ablation]))
+
+    monkeypatch.setattr(envace.cli, "cli_main", cli_main)
+    import json
+
+    def limit(scope):
+        study.rehearse_at_test(scope, 0, "a", "out/a/policy")
+        (callbacks,) = [a for a in seen["args"] if a.startswith("--trainer.callbacks=")]
+        return json.loads(callbacks.split("=", 1)[1])[0]["init_args"]["limit"]
+
+    base = dict(policy="smollm2", domain="bank", eval_tasks=128)
+    assert limit(study.Settings("out", 10, 20, **base)) == 128
+    assert limit(study.Settings("out", 10, 20, **base, rehearsal_tasks=64)) == 64
+    text = "\n".join(study.rehearsal_table({}, [0, 1], [study.Settings("out", 10, 20, **base, rehearsal_tasks=64)]))
+    assert "Real success on the first 64 test tasks with" in text
