@@ -96,6 +96,9 @@ class Settings:
         levers: variants of arm (a), name -> their extra ``envace fit`` arguments (on top of ``extra_rl``); each is
             trained from the same warm starts and reported in a table of its own.
         rehearsal_tasks: test-time private rehearsal on the first this-many test tasks; None: ``eval_tasks``.
+        world_steps: before the warm start, train the rehearse role alone (``act_weight=0``) this many steps on the
+            recorded tool responses of the SFT config's demonstrations (the world data), and keep those references in
+            the RL arms; 0: no world stage.
     """
 
     out: str
@@ -115,6 +118,7 @@ class Settings:
     extra_eval: tuple[str, ...] = ()
     demos: int | None = None
     rehearsal_tasks: int | None = None
+    world_steps: int = 0
 
     def demo_args(self, stage: str) -> list[str]:
         """``--demos N``: the warm start (and arm (e)) trains on the domain's first N tasks' demonstrations, and RL
@@ -123,7 +127,7 @@ class Settings:
             return []
         if stage == "sft":
             return [f"--data.train_tasks=builtin:{self.domain}:{self.demos}"]
-        return [f"--data.demonstrations={self.demos}"]
+        return [] if self.world_steps else [f"--data.demonstrations={self.demos}"]
 
     @property
     def tag(self) -> str:
@@ -197,13 +201,31 @@ def warm_start(settings: Settings, seed: int) -> dict[str, Any]:
 
     root = f"{settings.root(seed)}/warm"
     weights = [f"--model.init_args.policy.init_args.seed={seed}"] if _preset(settings.policy).seeds_weights else []
+    world = world_stage(settings, seed) if settings.world_steps else None
+    start = [f"--model.init_args.policy.init_args.name_or_path={world.export_dir}"] if world else []
     stage = fit(settings.sft_config, f"{root}/policy", root, [
-        *_seed_args(seed), *weights, *settings.on_domain(settings.sft_config), *settings.demo_args("sft"),
+        *_seed_args(seed), *weights, *settings.on_domain(settings.sft_config), *settings.demo_args("sft"), *start,
         f"--trainer.max_steps={settings.sft_max_steps}", *settings.extra_sft, *settings.extra_warm,
     ])
-    return {"seconds": stage.seconds, "steps": stage.steps, "policy": stage.export_dir,
-            "weights_sha256": weights_digest(stage.export_dir), "val_success_best": _best_val(root),
-            **_prefixed(stage.metrics, "val/")}
+    result = {"seconds": stage.seconds, "steps": stage.steps, "policy": stage.export_dir,
+              "weights_sha256": weights_digest(stage.export_dir), "val_success_best": _best_val(root),
+              **_prefixed(stage.metrics, "val/")}
+    if world:
+        result.update(world_seconds=world.seconds, world_steps=world.steps, seconds=stage.seconds + world.seconds)
+    return result
+
+
+def world_stage(settings: Settings, seed: int) -> Any:
+    """The warm start's first stage: the rehearse role alone learns the world from the recorded tool responses of
+    the SFT config's demonstrations (``act_weight=0``), ``world_steps`` steps, no validation; its ``StageResult``."""
+    from envace.demo import fit
+
+    root = f"{settings.root(seed)}/world"
+    return fit(settings.sft_config, f"{root}/policy", root, [
+        *_seed_args(seed), *settings.on_domain(settings.sft_config), "--model.init_args.act_weight=0",
+        f"--trainer.max_steps={settings.world_steps}", "--trainer.limit_val_batches=0",
+        "--model.init_args.export_best=null", *settings.extra_sft,
+    ])
 
 
 def weights_digest(policy: str) -> str:
@@ -871,6 +893,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="validate every this many RL steps (rehearsal fidelity, imagined and real success "
                              "curves during RL); 0: no curve")
     parser.add_argument("--curve-tasks", type=int, default=32, help="validation tasks of each curve point")
+    parser.add_argument("--world-steps", type=int, default=0,
+                        help="a world stage before each warm start: the rehearse role alone trains this many steps on "
+                             "the recorded responses of the SFT config's demonstrations, which the RL arms keep as "
+                             "references (0: none)")
     parser.add_argument("--rehearsal-tasks", type=int, default=None,
                         help="test-time private rehearsal on the first this-many test tasks (default: as --eval-tasks)")
     parser.add_argument("--max-jobs", type=int, default=None,
@@ -888,6 +914,8 @@ def main(argv: list[str] | None = None) -> None:
     Path(args.out).mkdir(parents=True, exist_ok=True)
     if args.demos is not None and args.demos < 1:
         parser.error("--demos must be at least 1")
+    if args.world_steps < 0:
+        parser.error("--world-steps must be 0 or more")
     if args.rehearsal_tasks is not None and not 1 <= args.rehearsal_tasks <= SPLIT_SIZES["test"]:
         parser.error(f"--rehearsal-tasks must be between 1 and {SPLIT_SIZES['test']} (the test split)")
     if 0 not in args.rehearsal_budgets or any(b < 0 for b in args.rehearsal_budgets):
@@ -895,7 +923,7 @@ def main(argv: list[str] | None = None) -> None:
     scopes = [Settings(args.out, args.rl_steps, args.sft_max_steps, tuple(args.sft), tuple(args.rl), args.eval_tasks,
                        tuple(args.warm), levers, args.policy, domain, tuple(sorted(set(args.rehearsal_budgets))),
                        args.rehearsal_selector, args.curve_every, args.curve_tasks, tuple(args.eval), args.demos,
-                       args.rehearsal_tasks)
+                       args.rehearsal_tasks, args.world_steps)
               for domain in args.domains]
     given = list(argv if argv is not None else sys.argv[1:])
     command = " ".join(["python benchmarks/controlled_study.py", *map(shlex.quote, _without_max_jobs(given))])

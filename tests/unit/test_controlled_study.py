@@ -392,3 +392,30 @@ def test_test_time_rehearsal_runs_on_the_tasks_it_is_given(study, monkeypatch):
     assert limit(study.Settings("out", 10, 20, **base, rehearsal_tasks=64)) == 64
     text = "\n".join(study.rehearsal_table({}, [0, 1], [study.Settings("out", 10, 20, **base, rehearsal_tasks=64)]))
     assert "Real success on the first 64 test tasks with" in text
+
+
+def test_a_world_stage_trains_the_rehearse_role_alone_before_the_warm_start(study, monkeypatch):
+    import envace.demo
+
+    seen = []
+
+    def fit(config, export_dir, root, overrides=()):
+        seen.append((root, list(overrides)))
+        return envace.demo.StageResult(export_dir, 10.0 * len(seen), 25 if len(seen) == 1 else 8, {})
+
+    monkeypatch.setattr(envace.demo, "fit", fit)
+    monkeypatch.setattr(study, "_best_val", lambda root: 0.5)
+    monkeypatch.setattr(study, "weights_digest", lambda policy: "0" * 64)
+    scope = study.Settings("out", 24, 8, policy="smollm2", domain="bank", demos=8, world_steps=25,
+                           extra_warm=("--trainer.val_check_interval=8",))
+    result = study.warm_start(scope, 1)
+    (world_root, world), (warm_root, warm) = seen
+    assert world_root == "out/smollm2-bank-seed1/world" and warm_root == "out/smollm2-bank-seed1/warm"
+    assert "--model.init_args.act_weight=0" in world and "--trainer.max_steps=25" in world
+    assert not any(o.startswith("--data.train_tasks=") for o in world)  # the config's 500: the world data
+    assert "--trainer.val_check_interval=8" not in world and "--trainer.val_check_interval=8" in warm
+    assert "--model.init_args.policy.init_args.name_or_path=out/smollm2-bank-seed1/world/policy" in warm
+    assert "--data.train_tasks=builtin:bank:8" in warm  # the act role's 8 demonstrations
+    assert result["seconds"] == 30.0 and result["world_seconds"] == 10.0 and result["world_steps"] == 25
+    assert scope.demo_args("rl") == []  # the RL arms keep the world data's references (the config's 500)
+    assert study.Settings("out", 24, 8, policy="smollm2", demos=8).demo_args("rl") == ["--data.demonstrations=8"]
