@@ -99,6 +99,7 @@ class Settings:
         world_steps: before the warm start, train the rehearse role alone (``act_weight=0``) this many steps on the
             recorded tool responses of the SFT config's demonstrations (the world data), and keep those references in
             the RL arms; 0: no world stage.
+        base_model: the pretrained model the first SFT stage starts from (a directory); None: the SFT config's.
     """
 
     out: str
@@ -119,6 +120,7 @@ class Settings:
     demos: int | None = None
     rehearsal_tasks: int | None = None
     world_steps: int = 0
+    base_model: str | None = None
 
     def demo_args(self, stage: str) -> list[str]:
         """``--demos N``: the warm start (and arm (e)) trains on the domain's first N tasks' demonstrations, and RL
@@ -129,10 +131,25 @@ class Settings:
             return [f"--data.train_tasks=builtin:{self.domain}:{self.demos}"]
         return [] if self.world_steps else [f"--data.demonstrations={self.demos}"]
 
+    def base(self) -> list[str]:
+        """The override that starts the first SFT stage from ``base_model`` (none: the config's model)."""
+        return [] if self.base_model is None else [f"--model.init_args.policy.init_args.name_or_path={self.base_model}"]
+
     @property
     def tag(self) -> str:
         """The prefix of this scope's job keys and directories (none for the tiny policy on the bank, the original)."""
-        return "" if (self.policy, self.domain) == ("tiny", "bank") else f"{self.policy}-{self.domain}-"
+        return "" if (self.label, self.domain) == ("tiny", "bank") else f"{self.label}-{self.domain}-"
+
+    @property
+    def label(self) -> str:
+        """The policy's name in job keys, the results file and the report: the preset's, or the base model
+        directory's (lower case, e.g. ``qwen3-1.7b``)."""
+        if self.base_model is None:
+            return self.policy
+        name = re.sub(r"[^a-z0-9.]+", "-", Path(self.base_model.rstrip("/")).name.lower()).strip("-")
+        if not name:
+            raise ValueError(f"--base-model {self.base_model!r}: its directory name gives no label")
+        return name
 
     @property
     def sft_config(self) -> str:
@@ -202,7 +219,7 @@ def warm_start(settings: Settings, seed: int) -> dict[str, Any]:
     root = f"{settings.root(seed)}/warm"
     weights = [f"--model.init_args.policy.init_args.seed={seed}"] if _preset(settings.policy).seeds_weights else []
     world = world_stage(settings, seed) if settings.world_steps else None
-    start = [f"--model.init_args.policy.init_args.name_or_path={world.export_dir}"] if world else []
+    start = [f"--model.init_args.policy.init_args.name_or_path={world.export_dir}"] if world else settings.base()
     stage = fit(settings.sft_config, f"{root}/policy", root, [
         *_seed_args(seed), *weights, *settings.on_domain(settings.sft_config), *settings.demo_args("sft"), *start,
         f"--trainer.max_steps={settings.sft_max_steps}", *settings.extra_sft, *settings.extra_warm,
@@ -222,7 +239,7 @@ def world_stage(settings: Settings, seed: int) -> Any:
 
     root = f"{settings.root(seed)}/world"
     return fit(settings.sft_config, f"{root}/policy", root, [
-        *_seed_args(seed), *settings.on_domain(settings.sft_config), "--model.init_args.act_weight=0",
+        *_seed_args(seed), *settings.on_domain(settings.sft_config), *settings.base(), "--model.init_args.act_weight=0",
         f"--trainer.max_steps={settings.world_steps}", "--trainer.limit_val_batches=0",
         "--model.init_args.export_best=null", *settings.extra_sft,
     ])
@@ -642,7 +659,7 @@ def scoped_report(results: dict[str, dict[str, Any]], seeds: list[int], scopes: 
     def job(scope: Settings, arm: str, seed: int) -> dict[str, Any]:
         return results.get(scope.key(seed, {"d": "warm"}.get(arm, arm)), {})
 
-    lines = [f"# Controlled study on a real language model: {scopes[0].policy}", "",
+    lines = [f"# Controlled study on a real language model: {scopes[0].label}", "",
              f"Produced by `{command}` (seeds {', '.join(map(str, seeds))}; {scopes[0].rl_steps} RL steps per arm). "
              "Real success: the real environment, greedy, on every test task and every held-out-template task of "
              "the domain (256 and 128) unless the command says `--eval-tasks`. Paired differences are per seed "
@@ -775,7 +792,7 @@ def scale_table(results: dict[str, dict[str, Any]], seeds: list[int], scopes: li
     lines = ["## Scale: the tiny policy beside this one (bank)", "",
              "The tiny policy's numbers are its controlled study's (the `controlled_study` section of this file); "
              "both are real success, greedy, on the bank test split and held-out templates, means ± std over seeds.",
-             "", f"| arm | tiny, test | tiny, held-out | {scopes[0].policy}, test | {scopes[0].policy}, held-out |",
+             "", f"| arm | tiny, test | tiny, held-out | {scopes[0].label}, test | {scopes[0].label}, held-out |",
              "|---|---|---|---|---|"]
     for arm, title in ARMS.items():
         mine = []
@@ -881,7 +898,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--domains", nargs="+", default=["bank"], choices=("bank", "desk"))
     parser.add_argument("--record", default=None,
                         help="the results file kept in version control (default for a real model: "
-                             "docs/study/<policy>.json): recorded jobs are skipped, each finished job is added")
+                             "docs/study/<label>.json, the label being the policy's or --base-model's name): "
+                             "recorded jobs are skipped, each finished job is added")
     parser.add_argument("--rehearsal-budgets", type=int, nargs="+", default=[0, 2, 4],
                         help="test-time private rehearsal budgets of arms (a) and (d) (a real-model study)")
     parser.add_argument("--rehearsal-selector", default="envace.private_rehearsal.OutcomeMajorityCommit",
@@ -897,6 +915,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="a world stage before each warm start: the rehearse role alone trains this many steps on "
                              "the recorded responses of the SFT config's demonstrations, which the RL arms keep as "
                              "references (0: none)")
+    parser.add_argument("--base-model", default=None,
+                        help="a pretrained model directory the first SFT stage starts from, in place of the preset's "
+                             "(e.g. Qwen3-1.7B on a GPU machine)")
     parser.add_argument("--rehearsal-tasks", type=int, default=None,
                         help="test-time private rehearsal on the first this-many test tasks (default: as --eval-tasks)")
     parser.add_argument("--max-jobs", type=int, default=None,
@@ -923,24 +944,28 @@ def main(argv: list[str] | None = None) -> None:
     scopes = [Settings(args.out, args.rl_steps, args.sft_max_steps, tuple(args.sft), tuple(args.rl), args.eval_tasks,
                        tuple(args.warm), levers, args.policy, domain, tuple(sorted(set(args.rehearsal_budgets))),
                        args.rehearsal_selector, args.curve_every, args.curve_tasks, tuple(args.eval), args.demos,
-                       args.rehearsal_tasks, args.world_steps)
+                       args.rehearsal_tasks, args.world_steps, args.base_model)
               for domain in args.domains]
     given = list(argv if argv is not None else sys.argv[1:])
     command = " ".join(["python benchmarks/controlled_study.py", *map(shlex.quote, _without_max_jobs(given))])
-    if args.policy == "tiny" and args.domains == ["bank"] and args.record is None:  # the original study
+    try:
+        label = scopes[0].label
+    except ValueError as err:
+        parser.error(str(err))
+    if label == "tiny" and args.domains == ["bank"] and args.record is None:  # the original study
         results = run_all(plan(scopes[0], args.seeds), args.out, args.workers, max_jobs=args.max_jobs)
         text = report(results, args.seeds, scopes[0], command)
         write_section(args.report, SECTION, text)
         print(text)  # noqa: T201
         return
-    record = args.record or f"docs/study/{args.policy}.json"
+    record = args.record or f"docs/study/{label}.json"
     jobs = [job for scope in scopes for job in plan(scope, args.seeds)]
     if args.max_jobs != 0:
         run_all(jobs, args.out, args.workers, record=record, max_jobs=args.max_jobs)
     report_file = Path(args.report)
     tiny = _section(report_file.read_text(encoding="utf-8"), SECTION) if report_file.is_file() else ""
     text = scoped_report(read_record(record), args.seeds, scopes, command, tiny)
-    write_section(args.report, f"{SECTION}_{args.policy}", text)
+    write_section(args.report, f"{SECTION}_{label}", text)
     print(text)  # noqa: T201
 
 

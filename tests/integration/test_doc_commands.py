@@ -527,6 +527,12 @@ EFFICIENCY = ("benchmarks/rollout_efficiency.py --engine vllm --model models/smo
 STEP_TIME = ("benchmarks/rollout_throughput.py --config lit_configs/smollm2_rl.yaml --steps 3 --threads 2 "
              "--batch-size 4 --skip-engine --override model.policy.init_args.name_or_path=models/smollm2-135m-instruct "
              "--override model.fidelity_gate=null --override model.rollout.engine=")
+SMOLLM2_STUDY = (
+    "benchmarks/controlled_study.py --policy smollm2 --domains bank desk --seeds 0 1 --workers 1 --rl-steps 24 "
+    "--demos 8 --sft-max-steps 8 --sft=--model.init_args.optimizer.init_args.lr=1e-4 "
+    "--warm=--trainer.val_check_interval=8 --curve-every 8 --rehearsal-tasks 64 --world-steps 25 "
+    "--rl=--model.fidelity_gate=null --rl=--model.rollout.engine=vllm --eval=--model.rollout.engine=vllm")
+"""The real-model study's command (docs/study.md runs it with --max-jobs 1; docs/results.md prints it)."""
 VLLM_WHY = ("runs in .venv-vllm (vLLM's CPU build, its own transformers) on SmolLM2 for minutes; checked: its flags "
             "parse (tests/with_vllm runs the benchmark's vLLM path with a tiny budget)")
 
@@ -743,6 +749,20 @@ REGISTRY: dict[str, Entry] = {
         "checks", study_plan(overrides_on="lit_configs/tiny_rl.yaml"),
         "the study that wrote docs/results.md (hours); checked: the plan builds and every --rl/--lever override "
         "parses against tiny_rl.yaml"),
+    VLLM_CPU.replace("VLLM_", "OMP_NUM_THREADS=2 VLLM_", 1) + SMOLLM2_STUDY + " --max-jobs 1": parse_only(
+        "checks", study_plan(overrides_on="lit_configs/smollm2_rl.yaml"),
+        "the SmolLM2 study, one job of hours at a time in .venv-vllm; checked: the plan builds and the RL overrides "
+        "parse against smollm2_rl.yaml"),
+    "python " + SMOLLM2_STUDY: parse_only(
+        "checks", study_plan(overrides_on="lit_configs/smollm2_rl.yaml"),
+        "as above, without the pacing (the command docs/results.md records)"),
+    ".venv/bin/python benchmarks/controlled_study.py --policy smollm2 --base-model /models/Qwen3-1.7B --domains bank "
+    "desk --seeds 0 1 2 --workers 1 --rl-steps 24 --demos 8 --sft-max-steps 8 "
+    "--sft=--model.init_args.optimizer.init_args.lr=1e-4 --warm=--trainer.val_check_interval=8 --curve-every 8 "
+    "--rehearsal-tasks 64 --world-steps 25 --sft=--trainer.accelerator=gpu --rl=--trainer.accelerator=gpu "
+    "--eval=--trainer.accelerator=gpu --rl=--model.fidelity_gate=null --rl=--model.rollout.engine=vllm "
+    "--eval=--model.rollout.engine=vllm --out runs/study_qwen3": parse_only(
+        "checks", study_plan(), "needs a GPU and Qwen3-1.7B's weights (hours); checked: the plan builds"),
     ".venv/bin/python benchmarks/alignment_ablation.py": parse_only(
         "checks", study_plan(), "3 seeds x 4 variants x 100 RL steps (hours); checked: the plan builds"),
     "python benchmarks/alignment_ablation.py": parse_only(

@@ -419,3 +419,37 @@ def test_a_world_stage_trains_the_rehearse_role_alone_before_the_warm_start(stud
     assert result["seconds"] == 30.0 and result["world_seconds"] == 10.0 and result["world_steps"] == 25
     assert scope.demo_args("rl") == []  # the RL arms keep the world data's references (the config's 500)
     assert study.Settings("out", 24, 8, policy="smollm2", demos=8).demo_args("rl") == ["--data.demonstrations=8"]
+
+
+def test_a_base_model_replaces_the_presets_model_in_the_first_sft_stage_only(study, monkeypatch):
+    import envace.demo
+
+    seen = []
+
+    def fit(config, export_dir, root, overrides=()):
+        seen.append(list(overrides))
+        return envace.demo.StageResult(export_dir, 1.0, 8, {})
+
+    monkeypatch.setattr(envace.demo, "fit", fit)
+    monkeypatch.setattr(study, "_best_val", lambda root: 0.5)
+    monkeypatch.setattr(study, "weights_digest", lambda policy: "0" * 64)
+    base = "--model.init_args.policy.init_args.name_or_path=/models/Qwen3-1.7B"
+    study.warm_start(study.Settings("out", 24, 8, policy="smollm2", base_model="/models/Qwen3-1.7B"), 0)
+    assert base in seen[-1]
+    study.warm_start(study.Settings("out", 24, 8, policy="smollm2", base_model="/models/Qwen3-1.7B",
+                                    world_steps=25), 0)
+    world, warm = seen[-2:]
+    assert base in world and base not in warm  # the act stage starts from the world stage's export
+
+
+def test_a_base_model_names_its_own_keys_record_and_report_section(study, tmp_path, monkeypatch):
+    scope = study.Settings("out", 24, 8, policy="smollm2", domain="desk", base_model="/models/Qwen3-1.7B/")
+    assert scope.label == "qwen3-1.7b" and scope.key(0, "a") == "qwen3-1.7b-desk-s0-a"
+    assert scope.root(1) == "out/qwen3-1.7b-desk-seed1"
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "docs").mkdir()
+    study.main(["--policy", "smollm2", "--base-model", "/models/Qwen3-1.7B", "--seeds", "0", "1", "--max-jobs", "0"])
+    text = (tmp_path / "docs" / "results.md").read_text()
+    assert "<!-- BEGIN controlled_study_qwen3-1.7b -->" in text and "real language model: qwen3-1.7b" in text
+    with pytest.raises(SystemExit):
+        study.main(["--policy", "smollm2", "--base-model", "/", "--seeds", "0", "1", "--max-jobs", "0"])
