@@ -33,6 +33,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import argparse  # noqa: E402
+import fnmatch  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
 import math  # noqa: E402
@@ -858,17 +859,44 @@ def write_section(path: str, name: str, text: str) -> None:
     file.write_text(new, encoding="utf-8")
 
 
+PACING = ("--max-jobs", "--only")
+"""Options that choose which jobs run when, never what a job does: the report's command leaves them out."""
+
+
 def _without_max_jobs(args: list[str]) -> list[str]:
-    """The command line as the report prints it: ``--max-jobs`` only paces the runs, it changes no result."""
+    """The command line as the report prints it: ``--max-jobs`` and ``--only`` only pace the runs, they change no
+    result."""
     out, skip = [], False
     for arg in args:
         if skip:
             skip = False
-        elif arg == "--max-jobs":
+        elif arg in PACING:
             skip = True
-        elif not arg.startswith("--max-jobs="):
+        elif not arg.startswith(tuple(f"{option}=" for option in PACING)):
             out.append(arg)
     return out
+
+
+def select(jobs: list[Job], patterns: list[str]) -> list[Job]:
+    """The jobs whose keys match one of ``patterns`` (shell-style, ``fnmatch``), with every job they need, in plan
+    order: a session that can afford one block (an arm's training and its tests) runs exactly that block.
+
+    Raises:
+        ValueError: a pattern matches no job, naming it.
+    """
+    keys = {job.key for job in jobs}
+    for pattern in patterns:
+        if not fnmatch.filter(keys, pattern):
+            raise ValueError(f"--only {pattern}: matches no job of this study (its jobs are e.g. {min(keys)})")
+    needs = {job.key: job.needs for job in jobs}
+    chosen = {key for key in keys if any(fnmatch.fnmatchcase(key, p) for p in patterns)}
+    frontier = list(chosen)
+    while frontier:
+        for need in needs[frontier.pop()]:
+            if need not in chosen:
+                chosen.add(need)
+                frontier.append(need)
+    return [job for job in jobs if job.key in chosen]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -920,6 +948,9 @@ def main(argv: list[str] | None = None) -> None:
                              "(e.g. Qwen3-1.7B on a GPU machine)")
     parser.add_argument("--rehearsal-tasks", type=int, default=None,
                         help="test-time private rehearsal on the first this-many test tasks (default: as --eval-tasks)")
+    parser.add_argument("--only", action="append", default=[], metavar="PATTERN",
+                        help="run only the jobs whose keys match PATTERN (shell-style; repeatable) and the jobs they "
+                             "need, e.g. --only 'smollm2-bank-s0-*-a' --only smollm2-bank-s0-a")
     parser.add_argument("--max-jobs", type=int, default=None,
                         help="start at most this many jobs, then rebuild the report from what is recorded (0: only "
                              "rebuild it)")
@@ -960,6 +991,11 @@ def main(argv: list[str] | None = None) -> None:
         return
     record = args.record or f"docs/study/{label}.json"
     jobs = [job for scope in scopes for job in plan(scope, args.seeds)]
+    if args.only:
+        try:
+            jobs = select(jobs, args.only)
+        except ValueError as err:
+            parser.error(str(err))
     if args.max_jobs != 0:
         run_all(jobs, args.out, args.workers, record=record, max_jobs=args.max_jobs)
     report_file = Path(args.report)

@@ -220,6 +220,21 @@ def test_the_printed_command_leaves_out_the_pacing(study):
     assert study._without_max_jobs(["--policy", "smollm2", "--max-jobs", "1", "--seeds", "0", "1"]) == [
         "--policy", "smollm2", "--seeds", "0", "1"]
     assert study._without_max_jobs(["--max-jobs=2", "--rl-steps", "40"]) == ["--rl-steps", "40"]
+    assert study._without_max_jobs(["--only", "smollm2-bank-s0-*a", "--only=x", "--rl-steps", "40"]) == [
+        "--rl-steps", "40"]
+
+
+def test_only_selects_a_block_with_the_jobs_it_needs_in_plan_order(study):
+    scope = study.Settings("out", 10, 20, policy="smollm2", domain="bank")
+    jobs = study.plan(scope, [0, 1])
+    keys = [job.key for job in study.select(jobs, ["smollm2-bank-s0-a", "smollm2-bank-s0-*-a"])]
+    assert keys == ["smollm2-bank-s0-warm", "smollm2-bank-s0-a", "smollm2-bank-s0-eval-a",
+                    "smollm2-bank-s0-rehearsal-a"]
+    # (e) needs (a)'s result (its wall-clock) as well as the warm start
+    keys = [job.key for job in study.select(jobs, ["smollm2-bank-s1-eval-e"])]
+    assert keys == ["smollm2-bank-s1-warm", "smollm2-bank-s1-a", "smollm2-bank-s1-e", "smollm2-bank-s1-eval-e"]
+    with pytest.raises(ValueError, match="--only smollm2-desk-"):
+        study.select(jobs, ["smollm2-desk-*"])
 
 
 def test_max_jobs_zero_only_rebuilds_the_report_from_the_record(study, tmp_path, capsys, monkeypatch):
