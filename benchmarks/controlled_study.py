@@ -200,6 +200,8 @@ class Job:
     extra: Callable[[dict[str, dict[str, Any]]], tuple[Any, ...]] = field(default=lambda results: ())
     checkpoints: tuple[str, ...] | None = None
     """The needs whose checkpoints this job reads (None: every need); the others lend it only their results."""
+    again: Callable[[dict[str, Any]], tuple[Any, ...]] = field(default=lambda recorded: ())
+    """Extra arguments of a recorded job trained again (its checkpoint was gone), from its recorded result."""
 
     def reads(self) -> tuple[str, ...]:
         """The jobs whose checkpoints must be on disk before this one runs."""
@@ -213,24 +215,38 @@ def _seed_args(seed: int) -> list[str]:
     return [f"--seed_everything={seed}"]
 
 
-def warm_start(settings: Settings, seed: int) -> dict[str, Any]:
-    """Train the warm start of ``seed`` to its validation plateau; export its best weights."""
+def warm_start(settings: Settings, seed: int, unvalidated: bool = False) -> dict[str, Any]:
+    """Train the warm start of ``seed`` to its validation plateau; export its best weights.
+
+    Args:
+        settings: the scope.
+        seed: the seed.
+        unvalidated: train it again without validating (see ``validation_chose_nothing``): the same weights, sooner.
+    """
     from envace.demo import fit
 
     root = f"{settings.root(seed)}/warm"
     weights = [f"--model.init_args.policy.init_args.seed={seed}"] if _preset(settings.policy).seeds_weights else []
     world = world_stage(settings, seed) if settings.world_steps else None
     start = [f"--model.init_args.policy.init_args.name_or_path={world.export_dir}"] if world else settings.base()
+    quiet = ["--trainer.limit_val_batches=0", "--model.init_args.export_best=null"] if unvalidated else []
     stage = fit(settings.sft_config, f"{root}/policy", root, [
         *_seed_args(seed), *weights, *settings.on_domain(settings.sft_config), *settings.demo_args("sft"), *start,
-        f"--trainer.max_steps={settings.sft_max_steps}", *settings.extra_sft, *settings.extra_warm,
+        f"--trainer.max_steps={settings.sft_max_steps}", *settings.extra_sft, *settings.extra_warm, *quiet,
     ])
     result = {"seconds": stage.seconds, "steps": stage.steps, "policy": stage.export_dir,
               "weights_sha256": weights_digest(stage.export_dir), "val_success_best": _best_val(root),
-              **_prefixed(stage.metrics, "val/")}
+              "val_steps": _val_steps(root), **_prefixed(stage.metrics, "val/")}
     if world:
         result.update(world_seconds=world.seconds, world_steps=world.steps, seconds=stage.seconds + world.seconds)
     return result
+
+
+def validation_chose_nothing(recorded: dict[str, Any]) -> bool:
+    """Whether a recorded warm start validated once, after its last step: then its exported weights are its last
+    ones, and validation (many generations) is skipped when it is trained again. Validating earlier could change
+    the exported step or, by drawing random numbers, later training. The weights' SHA-256 checks the claim."""
+    return recorded.get("val_steps") == [recorded.get("steps")]
 
 
 def world_stage(settings: Settings, seed: int) -> Any:
@@ -391,6 +407,21 @@ def _best_val(root: str) -> float:
     return best
 
 
+def _val_steps(root: str) -> list[int]:
+    """The optimiser steps after which the warm start validated, in order: one more than the steps of
+    ``val/success_act`` in TensorBoard, since Lightning logs a validation during fit before counting the batch whose
+    end triggered it."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    steps: set[int] = set()
+    for events in Path(root).rglob("events.out.tfevents.*"):
+        acc = EventAccumulator(str(events))
+        acc.Reload()
+        if "val/success_act" in acc.Tags()["scalars"]:
+            steps.update(e.step + 1 for e in acc.Scalars("val/success_act"))
+    return sorted(steps)
+
+
 def _run(job_key: str, fn: Callable[..., dict[str, Any]], args: tuple[Any, ...], path: str) -> dict[str, Any]:
     import torch
 
@@ -415,7 +446,7 @@ def plan(settings: Settings, seeds: list[int]) -> list[Job]:
     k = settings.key
     if settings.tag:
         return [job for s in seeds for job in _seed_jobs(settings, s)] + _lever_jobs(settings, seeds)
-    jobs = [Job(k(s, "warm"), warm_start, (settings, s)) for s in seeds]
+    jobs = [Job(k(s, "warm"), warm_start, (settings, s), again=_again_unvalidated) for s in seeds]
     for s in seeds:
         jobs += [job for job in _seed_jobs(settings, s) if job.key != k(s, "warm")]
     return jobs + _lever_jobs(settings, seeds)
@@ -434,7 +465,7 @@ def _seed_jobs(settings: Settings, s: int) -> list[Job]:
         return jobs
 
     warm = k(s, "warm")
-    jobs = [Job(warm, warm_start, (settings, s)), *tested("d", warm)]
+    jobs = [Job(warm, warm_start, (settings, s), again=_again_unvalidated), *tested("d", warm)]
     for arm in ("a", "b", "c"):
         jobs += [Job(k(s, arm), rl_arm, (settings, s, arm), (warm,)), *tested(arm, k(s, arm))]
         if arm == "a":  # (e) starts from the warm start, for (a)'s training time: (a)'s checkpoint is not read
@@ -442,6 +473,10 @@ def _seed_jobs(settings: Settings, s: int) -> list[Job]:
                          lambda r: (r[k(s, "a")].get("train_seconds", r[k(s, "a")]["seconds"]),), (warm,)),
                      *tested("e", k(s, "e"))]
     return jobs
+
+
+def _again_unvalidated(recorded: dict[str, Any]) -> tuple[Any, ...]:
+    return (validation_chose_nothing(recorded),)
 
 
 def _lever_jobs(settings: Settings, seeds: list[int]) -> list[Job]:
@@ -485,6 +520,7 @@ def run_all(jobs: list[Job], out: str, workers: int, record: str | None = None,
     rebuild = [j for j in jobs if j.key in needed and j.key in results and not _checkpoint_present(results[j.key])]
     for job in rebuild:  # its checkpoint is gone (a fresh clone): train it again from its seed
         del results[job.key]
+    again = {job.key: job.again(recorded.get(job.key) or {}) for job in rebuild}
     pending = [j for j in jobs if j.key not in results]
     running: dict[Future, Job] = {}
     started = 0
@@ -494,7 +530,7 @@ def run_all(jobs: list[Job], out: str, workers: int, record: str | None = None,
             room = workers - len(running) if max_jobs is None else min(workers - len(running), max_jobs - started)
             for job in [j for j in pending if all(n in results for n in j.needs)][: max(room, 0)]:
                 pending.remove(job)
-                args = job.args + job.extra(results)
+                args = job.args + job.extra(results) + again.get(job.key, ())
                 running[pool.submit(_run, job.key, job.fn, args, str(Path(out, f"{job.key}.json")))] = job
                 started += 1
                 print(f"started {job.key}", flush=True)  # noqa: T201
@@ -507,8 +543,8 @@ def run_all(jobs: list[Job], out: str, workers: int, record: str | None = None,
                 job = running.pop(future)
                 results[job.key] = future.result()  # a failed job stops the study with its error
                 _same_as_recorded(job.key, recorded.get(job.key), results[job.key], record)
-                if record:
-                    add_to_record(record, job.key, recorded.get(job.key, results[job.key]))
+                if record:  # a job trained again keeps its recorded result; it adds only what the record lacks
+                    add_to_record(record, job.key, {**results[job.key], **recorded.get(job.key, {})})
                 print(f"finished {job.key}", flush=True)  # noqa: T201
     return results
 

@@ -175,6 +175,43 @@ def test_the_results_file_skips_recorded_jobs_and_retrains_a_missing_checkpoint(
     assert saved["s0-a"] == {"policy": "a", "seconds": 3.0}
 
 
+@pytest.mark.parametrize(("val_steps", "unvalidated"), [([8], True), ([4, 8], False), (None, False)])
+def test_a_warm_start_that_validated_only_after_its_last_step_is_trained_again_without_validating(
+        study, tmp_path, monkeypatch, val_steps, unvalidated):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    record = str(tmp_path / "record.json")
+    recorded = {"policy": str(tmp_path / "gone"), "steps": 8, "seconds": 5.0}
+    if val_steps is not None:
+        recorded["val_steps"] = val_steps
+    study.add_to_record(record, "s0-warm", recorded)
+    jobs = [study.Job("s0-warm", dict.fromkeys, (["unvalidated", "val_steps"],), again=study._again_unvalidated),
+            study.Job("s0-a", dict, ([("seconds", 3.0)],), ("s0-warm",))]
+    results = study.run_all(jobs, str(tmp_path), workers=1, record=record)
+    assert results["s0-warm"] == {"unvalidated": unvalidated, "val_steps": unvalidated}  # what it was called with
+    # the record keeps its own result and gains only the fields it lacked
+    assert study.read_record(record)["s0-warm"] == {**recorded, "unvalidated": unvalidated,
+                                                    "val_steps": val_steps if val_steps else unvalidated}
+
+
+def test_warm_start_unvalidated_turns_validation_and_the_best_export_off(study, monkeypatch, tmp_path):
+    from envace import demo
+
+    seen = []
+
+    def fake_fit(config, export, root, overrides):
+        seen.append(overrides)
+        Path(export).mkdir(parents=True)
+        Path(export, "model.safetensors").write_bytes(b"w")
+        return demo.StageResult(export_dir=export, seconds=1.0, steps=8, metrics={})
+
+    monkeypatch.setattr(demo, "fit", fake_fit)
+    scope = study.Settings(str(tmp_path), 10, 8, policy="smollm2", domain="bank")
+    assert study.warm_start(scope, 0)["val_steps"] == []  # nothing logged by the fake
+    study.warm_start(scope, 1, unvalidated=True)
+    quiet = ["--trainer.limit_val_batches=0", "--model.init_args.export_best=null"]
+    assert not set(quiet) & set(seen[0]) and seen[1][-2:] == quiet  # last: they override the config's
+
+
 def test_max_jobs_runs_one_job_and_stops(study, tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     record = str(tmp_path / "record.json")
