@@ -318,3 +318,19 @@ class KeyedEngine:
         tickets = sorted(self.running)
         for t in self.rng.sample(tickets, self.rng.randint(1, len(tickets))):
             self.done[t] = self.running.pop(t)
+
+
+def load_benchmark(name: str) -> Any:
+    """Import ``benchmarks/<name>.py`` as the module ``name`` (registered in ``sys.modules``, as the worker processes
+    a study spawns import it by that name); the caller pops it when done."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

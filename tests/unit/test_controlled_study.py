@@ -7,17 +7,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def study():
-    spec = importlib.util.spec_from_file_location("controlled_study", ROOT / "benchmarks" / "controlled_study.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["controlled_study"] = module
-    spec.loader.exec_module(module)
-    yield module
+    yield load_benchmark("controlled_study")
     sys.modules.pop("controlled_study", None)
 
 
