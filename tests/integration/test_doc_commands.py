@@ -528,9 +528,9 @@ STEP_TIME = ("benchmarks/rollout_throughput.py --config lit_configs/smollm2_rl.y
              "--batch-size 4 --skip-engine --override model.policy.init_args.name_or_path=models/smollm2-135m-instruct "
              "--override model.fidelity_gate=null --override model.rollout.engine=")
 SMOLLM2_STUDY = (
-    "benchmarks/controlled_study.py --policy smollm2 --domains bank desk --seeds 0 1 --workers 1 --rl-steps 24 "
+    "benchmarks/controlled_study.py --policy smollm2 --domains bank desk --seeds 0 1 --workers 1 --rl-steps 12 "
     "--demos 8 --sft-max-steps 8 --sft=--model.init_args.optimizer.init_args.lr=1e-4 "
-    "--warm=--trainer.val_check_interval=8 --curve-every 8 --rehearsal-tasks 64 --world-steps 25 "
+    "--warm=--trainer.val_check_interval=8 --curve-every 6 --rehearsal-tasks 64 --world-steps 25 "
     "--rl=--model.fidelity_gate=null --rl=--model.rollout.engine=vllm --eval=--model.rollout.engine=vllm")
 """The real-model study's command (docs/study.md runs it with --max-jobs 1; docs/results.md prints it)."""
 VLLM_WHY = ("runs in .venv-vllm (vLLM's CPU build, its own transformers) on SmolLM2 for minutes; checked: its flags "
@@ -757,8 +757,8 @@ REGISTRY: dict[str, Entry] = {
         "checks", study_plan(overrides_on="lit_configs/smollm2_rl.yaml"),
         "as above, without the pacing (the command docs/results.md records)"),
     ".venv/bin/python benchmarks/controlled_study.py --policy smollm2 --base-model /models/Qwen3-1.7B --domains bank "
-    "desk --seeds 0 1 2 --workers 1 --rl-steps 24 --demos 8 --sft-max-steps 8 "
-    "--sft=--model.init_args.optimizer.init_args.lr=1e-4 --warm=--trainer.val_check_interval=8 --curve-every 8 "
+    "desk --seeds 0 1 2 --workers 1 --rl-steps 12 --demos 8 --sft-max-steps 8 "
+    "--sft=--model.init_args.optimizer.init_args.lr=1e-4 --warm=--trainer.val_check_interval=8 --curve-every 6 "
     "--rehearsal-tasks 64 --world-steps 25 --sft=--trainer.accelerator=gpu --rl=--trainer.accelerator=gpu "
     "--eval=--trainer.accelerator=gpu --rl=--model.fidelity_gate=null --rl=--model.rollout.engine=vllm "
     "--eval=--model.rollout.engine=vllm --out runs/study_qwen3": parse_only(
