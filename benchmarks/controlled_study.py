@@ -234,9 +234,11 @@ def warm_start(settings: Settings, seed: int, unvalidated: bool = False) -> dict
         *_seed_args(seed), *weights, *settings.on_domain(settings.sft_config), *settings.demo_args("sft"), *start,
         f"--trainer.max_steps={settings.sft_max_steps}", *settings.extra_sft, *settings.extra_warm, *quiet,
     ])
+    validations = _validations(root)
     result = {"seconds": stage.seconds, "steps": stage.steps, "policy": stage.export_dir,
-              "weights_sha256": weights_digest(stage.export_dir), "val_success_best": _best_val(root),
-              "val_steps": _val_steps(root), **_prefixed(stage.metrics, "val/")}
+              "weights_sha256": weights_digest(stage.export_dir),
+              "val_success_best": max(validations.values(), default=float("nan")), "val_steps": sorted(validations),
+              **_prefixed(stage.metrics, "val/")}
     if world:
         result.update(world_seconds=world.seconds, world_steps=world.steps, seconds=stage.seconds + world.seconds)
     return result
@@ -393,33 +395,10 @@ def _prefixed(metrics: dict[str, float], prefix: str) -> dict[str, float]:
     return {k: v for k, v in metrics.items() if k.startswith(prefix)}
 
 
-def _best_val(root: str) -> float:
-    """Best ``val/success_act`` logged by the warm start (TensorBoard)."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    best = float("nan")
-    for events in Path(root).rglob("events.out.tfevents.*"):
-        acc = EventAccumulator(str(events))
-        acc.Reload()
-        if "val/success_act" in acc.Tags()["scalars"]:
-            values = [e.value for e in acc.Scalars("val/success_act")]
-            best = max(values) if values else best
-    return best
-
-
-def _val_steps(root: str) -> list[int]:
-    """The optimiser steps after which the warm start validated, in order: one more than the steps of
-    ``val/success_act`` in TensorBoard, since Lightning logs a validation during fit before counting the batch whose
-    end triggered it."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    steps: set[int] = set()
-    for events in Path(root).rglob("events.out.tfevents.*"):
-        acc = EventAccumulator(str(events))
-        acc.Reload()
-        if "val/success_act" in acc.Tags()["scalars"]:
-            steps.update(e.step + 1 for e in acc.Scalars("val/success_act"))
-    return sorted(steps)
+def _validations(root: str) -> dict[int, float]:
+    """``{optimiser step: val/success_act}`` of the warm start under ``root``. The step is one more than TensorBoard's,
+    since Lightning logs a validation during fit before counting the batch whose end triggered it."""
+    return {step + 1: value for step, value in _scalars(root, ("val/success_act",)).get("val/success_act", {}).items()}
 
 
 def _run(job_key: str, fn: Callable[..., dict[str, Any]], args: tuple[Any, ...], path: str) -> dict[str, Any]:
@@ -443,12 +422,11 @@ def plan(settings: Settings, seeds: list[int]) -> list[Job]:
     jobs together and tests each checkpoint right after it is trained: a warm start is trained again at most once a
     session, and an RL arm never.
     """
-    k = settings.key
+    per_seed = [_seed_jobs(settings, s) for s in seeds]  # each starts with its warm start
     if settings.tag:
-        return [job for s in seeds for job in _seed_jobs(settings, s)] + _lever_jobs(settings, seeds)
-    jobs = [Job(k(s, "warm"), warm_start, (settings, s), again=_again_unvalidated) for s in seeds]
-    for s in seeds:
-        jobs += [job for job in _seed_jobs(settings, s) if job.key != k(s, "warm")]
+        jobs = [job for seed_jobs in per_seed for job in seed_jobs]
+    else:
+        jobs = [seed_jobs[0] for seed_jobs in per_seed] + [job for seed_jobs in per_seed for job in seed_jobs[1:]]
     return jobs + _lever_jobs(settings, seeds)
 
 
@@ -899,9 +877,8 @@ PACING = ("--max-jobs", "--only")
 """Options that choose which jobs run when, never what a job does: the report's command leaves them out."""
 
 
-def _without_max_jobs(args: list[str]) -> list[str]:
-    """The command line as the report prints it: ``--max-jobs`` and ``--only`` only pace the runs, they change no
-    result."""
+def _without_pacing(args: list[str]) -> list[str]:
+    """The command line as the report prints it, without the ``PACING`` options."""
     out, skip = [], False
     for arg in args:
         if skip:
@@ -1014,7 +991,7 @@ def main(argv: list[str] | None = None) -> None:
                        args.rehearsal_tasks, args.world_steps, args.base_model)
               for domain in args.domains]
     given = list(argv if argv is not None else sys.argv[1:])
-    command = " ".join(["python benchmarks/controlled_study.py", *map(shlex.quote, _without_max_jobs(given))])
+    command = " ".join(["python benchmarks/controlled_study.py", *map(shlex.quote, _without_pacing(given))])
     try:
         label = scopes[0].label
     except ValueError as err:

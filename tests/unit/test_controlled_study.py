@@ -251,10 +251,10 @@ def test_the_scoped_report_pairs_per_seed_and_marks_pending_arms(study):
 
 
 def test_the_printed_command_leaves_out_the_pacing(study):
-    assert study._without_max_jobs(["--policy", "smollm2", "--max-jobs", "1", "--seeds", "0", "1"]) == [
+    assert study._without_pacing(["--policy", "smollm2", "--max-jobs", "1", "--seeds", "0", "1"]) == [
         "--policy", "smollm2", "--seeds", "0", "1"]
-    assert study._without_max_jobs(["--max-jobs=2", "--rl-steps", "40"]) == ["--rl-steps", "40"]
-    assert study._without_max_jobs(["--only", "smollm2-bank-s0-*a", "--only=x", "--rl-steps", "40"]) == [
+    assert study._without_pacing(["--max-jobs=2", "--rl-steps", "40"]) == ["--rl-steps", "40"]
+    assert study._without_pacing(["--only", "smollm2-bank-s0-*a", "--only=x", "--rl-steps", "40"]) == [
         "--rl-steps", "40"]
 
 
@@ -363,7 +363,7 @@ def test_demos_tie_the_warm_starts_demonstrations_to_the_rl_arms_references(stud
         return envace.demo.StageResult(export_dir, 1.0, 3, {"train/real_calls_total": 0.0})
 
     monkeypatch.setattr(envace.demo, "fit", fit)
-    monkeypatch.setattr(study, "_best_val", lambda root: 0.5)
+    monkeypatch.setattr(study, "_validations", lambda root: {3: 0.5})
     monkeypatch.setattr(study, "weights_digest", lambda policy: "0" * 64)
     scope = study.Settings("out", 10, 20, policy="smollm2", domain="desk", demos=64)
     study.warm_start(scope, 0)
@@ -453,7 +453,7 @@ def test_a_world_stage_trains_the_rehearse_role_alone_before_the_warm_start(stud
         return envace.demo.StageResult(export_dir, 10.0 * len(seen), 25 if len(seen) == 1 else 8, {})
 
     monkeypatch.setattr(envace.demo, "fit", fit)
-    monkeypatch.setattr(study, "_best_val", lambda root: 0.5)
+    monkeypatch.setattr(study, "_validations", lambda root: {3: 0.5})
     monkeypatch.setattr(study, "weights_digest", lambda policy: "0" * 64)
     scope = study.Settings("out", 24, 8, policy="smollm2", domain="bank", demos=8, world_steps=25,
                            extra_warm=("--trainer.val_check_interval=8",))
@@ -480,7 +480,7 @@ def test_a_base_model_replaces_the_presets_model_in_the_first_sft_stage_only(stu
         return envace.demo.StageResult(export_dir, 1.0, 8, {})
 
     monkeypatch.setattr(envace.demo, "fit", fit)
-    monkeypatch.setattr(study, "_best_val", lambda root: 0.5)
+    monkeypatch.setattr(study, "_validations", lambda root: {3: 0.5})
     monkeypatch.setattr(study, "weights_digest", lambda policy: "0" * 64)
     base = "--model.init_args.policy.init_args.name_or_path=/models/Qwen3-1.7B"
     study.warm_start(study.Settings("out", 24, 8, policy="smollm2", base_model="/models/Qwen3-1.7B"), 0)
