@@ -20,7 +20,10 @@ Run from the repository root: ``.venv/bin/python benchmarks/controlled_study.py 
 It writes its section of a Markdown report (default ``docs/results.md``, between its markers; other sections are
 kept) and prints it; the last output line is
 ``SUMMARY gain=<a minus the larger of d and e> std=<largest seed std of a, d, e> real_calls_rl=<real calls during
-a's RL, all seeds>``.
+a's RL, all seeds>``. A real-model study (``--policy smollm2``) prints ``SUMMARY gain=<a minus d, paired, mean over
+seeds and domains> std=<its std> gain_vs_real=<a minus b> real_calls_rl=<...> rehearsal_gain_envace=<best budget
+minus budget 0, arm a> rehearsal_gain_base=<the same, arm d>`` over what is recorded: ``nan`` where a figure has
+not been measured yet (a std needs two paired gains).
 """
 
 from __future__ import annotations
@@ -586,6 +589,14 @@ def _stats(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
+def _spread(values: list[float]) -> str:
+    """``mean ± std`` of the seeds measured; one seed has no spread, so it is named, not shown as ``± 0.000``."""
+    if not values:
+        return "pending"
+    mean, std = _stats(values)
+    return f"{mean:.3f} ± {std:.3f}" if len(values) > 1 else f"{mean:.3f} (1 seed)"
+
+
 def report(results: dict[str, dict[str, Any]], seeds: list[int], settings: Settings, command: str) -> str:
     """The Markdown report and the SUMMARY line."""
     def metric(arm: str, seed: int, split: str, key: str) -> float:
@@ -666,7 +677,8 @@ def scoped_report(results: dict[str, dict[str, Any]], seeds: list[int], scopes: 
             return "pending"
         mean, std = _stats(have)
         each = " / ".join("–" if v != v else (f"{v:+.3f}" if signed else f"{v:.3f}") for v in values)
-        return f"{mean:+.3f} ± {std:.3f} ({each})" if signed else f"{mean:.3f} ± {std:.3f} ({each})"
+        spread = f" ± {std:.3f}" if len(have) > 1 else ""  # one seed: its value alone, the others shown as –
+        return f"{mean:+.3f}{spread} ({each})" if signed else f"{mean:.3f}{spread} ({each})"
 
     def paired(scope: Settings, arm: str, base: str, split: str) -> list[float]:
         return [metric(scope, arm, s, split) - metric(scope, base, s, split) for s in seeds]
@@ -712,15 +724,16 @@ def scoped_report(results: dict[str, dict[str, Any]], seeds: list[int], scopes: 
     lines += scale_table(results, seeds, scopes, tiny_report)
     gains = [g for scope in scopes for g in known(paired(scope, "a", "d", "test"))]
     versus_real = [g for scope in scopes for g in known(paired(scope, "a", "b", "test"))]
-    calls = sum(float(results.get(scope.key(s, "a"), {}).get("real_calls", 0.0)) for scope in scopes for s in seeds)
+    arm_a = [results[scope.key(s, "a")] for scope in scopes for s in seeds if scope.key(s, "a") in results]
 
     def mean(values: list[float]) -> str:
         return f"{statistics.fmean(values):.3f}" if values else "nan"
 
-    std = f"{_stats(gains)[1]:.3f}" if gains else "nan"
+    std = f"{_stats(gains)[1]:.3f}" if len(gains) > 1 else "nan"  # a spread needs two paired gains
+    calls = f"{sum(float(r.get('real_calls', 0.0)) for r in arm_a):.0f}" if arm_a else "nan"  # nan: (a) not run yet
     rehearsal = {arm: rehearsal_gain(results, seeds, scopes, arm) for arm in REHEARSED_ARMS}
     lines.append(f"SUMMARY gain={mean(gains)} std={std} gain_vs_real={mean(versus_real)} "
-                 f"real_calls_rl={int(calls)} rehearsal_gain_envace={rehearsal['a']} "
+                 f"real_calls_rl={calls} rehearsal_gain_envace={rehearsal['a']} "
                  f"rehearsal_gain_base={rehearsal['d']}")
     return "\n".join(lines)
 
@@ -763,7 +776,7 @@ def rehearsal_table(results: dict[str, dict[str, Any]], seeds: list[int], scopes
                 for b in budgets:
                     values = [_rehearsal_success(results, scope, s, arm, mode, b) for s in seeds]
                     have = [v for v in values if v == v]
-                    cells.append(f"{_stats(have)[0]:.3f} ± {_stats(have)[1]:.3f}" if have else "pending")
+                    cells.append(_spread(have))
                 lines.append(f"| {scope.domain} | {name} ({arm}) | {mode} | " + " | ".join(cells) + " |")
     return lines + [""]
 
@@ -815,7 +828,7 @@ def scale_table(results: dict[str, dict[str, Any]], seeds: list[int], scopes: li
             values = [float(results.get(bank.key(s, f"eval-{arm}"), {}).get(split, {}).get("success_act", "nan"))
                       for s in seeds] if bank else []
             have = [v for v in values if v == v]
-            mine.append(f"{_stats(have)[0]:.3f} ± {_stats(have)[1]:.3f}" if have else "pending")
+            mine.append(_spread(have))
         small = tiny.get(arm, ("–", "–"))
         lines.append(f"| ({arm}) {title} | {small[0]} | {small[1]} | {mine[0]} | {mine[1]} |")
     return lines + [""]

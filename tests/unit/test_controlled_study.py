@@ -250,6 +250,22 @@ def test_the_scoped_report_pairs_per_seed_and_marks_pending_arms(study):
                                      "rehearsal_gain_envace=nan rehearsal_gain_base=nan")
 
 
+def test_one_seed_shows_no_spread_and_an_unrun_arm_a_spends_no_known_calls(study):
+    scope = study.Settings("out", 10, 20, policy="smollm2", domain="bank")
+    results = {scope.key(0, f"eval-{arm}"): {"test": {"success_act": v}, "heldout": {"success_act": 0.0}}
+               for arm, v in (("a", 0.75), ("d", 0.5))}
+    results[scope.key(0, "rehearsal-d")] = {"rows": [{"mode": "parallel", "budget": 0, "success": 0.5}]}
+    text = study.scoped_report(results, [0, 1], [scope], "cmd")
+    assert "| (a) EnvACE: RL in the rehearsed world | 0.750 (0.750 / –) | 0.027 | +0.250 (+0.250 / –) |" in text
+    assert "| bank | base (d) | parallel | 0.500 (1 seed) | pending | pending |" in text
+    # one paired gain has no std; arm (a)'s training job is not recorded, so its real calls are unknown, not 0
+    assert text.splitlines()[-1] == ("SUMMARY gain=0.250 std=nan gain_vs_real=nan real_calls_rl=nan "
+                                     "rehearsal_gain_envace=nan rehearsal_gain_base=nan")
+    results[scope.key(0, "a")] = {"seconds": 60.0, "real_calls": 0.0}
+    assert study.scoped_report(results, [0, 1], [scope], "cmd").splitlines()[-1].startswith(
+        "SUMMARY gain=0.250 std=nan gain_vs_real=nan real_calls_rl=0 ")
+
+
 def test_the_printed_command_leaves_out_the_pacing(study):
     assert study._without_pacing(["--policy", "smollm2", "--max-jobs", "1", "--seeds", "0", "1"]) == [
         "--policy", "smollm2", "--seeds", "0", "1"]
@@ -284,7 +300,7 @@ def test_max_jobs_zero_only_rebuilds_the_report_from_the_record(study, tmp_path,
                 "--out", str(tmp_path / "runs"), "--max-jobs", "0"])
     text = report.read_text()
     assert "<!-- BEGIN controlled_study_smollm2 -->" in text and "--max-jobs" not in text
-    assert "| (d) no RL (the warm start) | 0.500 ± 0.000 (0.500 / –) |" in text
+    assert "| (d) no RL (the warm start) | 0.500 (0.500 / –) |" in text  # one seed: no spread shown
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("SUMMARY gain=nan std=nan gain_vs_real=nan")
 
 
