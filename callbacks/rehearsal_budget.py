@@ -191,6 +191,11 @@ class RehearsalBudgetAblation(L.Callback):
             "attempts_per_episode": sum(e.stats.private_rehearsals for e in episodes) / n,
             "real_calls": float(sum(e.stats.real_calls for e in episodes)),
             "private_real_calls": float(sum(e.stats.private_real_calls for e in episodes)),
+            # what was committed: act turns, those taken as a picked attempt generated them, and malformed ones
+            "act_turns_per_episode": sum(e.stats.act_turns for e in episodes) / n,
+            "picked_per_episode": sum(e.stats.private_commits for e in episodes) / n,
+            "malformed_turns": float(sum(e.stats.act_parse_errors + e.stats.unknown_tools
+                                         + e.stats.invalid_arguments for e in episodes)),
         }, episodes
 
     def _log(self, trainer: L.Trainer, rows: list[dict[str, Any]]) -> None:
@@ -235,11 +240,19 @@ def markdown(record: dict[str, Any]) -> str:
              + ("" if record.get("complete", True) else "; incomplete: the run has not finished every setting yet"),
              "",
              "| mode | budget | real success | rehearsal tokens / episode | attempts / episode | real calls | "
-             "real calls in rehearsal |", "|---|---|---|---|---|---|---|"]
+             "real calls in rehearsal | act turns / episode | picked attempts / episode | malformed act turns |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in record["rows"]:
         lines.append(f"| {r['mode']} | {r['budget']} | {r['success']:.3f} | {r['tokens_per_episode']:.1f} | "
-                     f"{r['attempts_per_episode']:.1f} | {r['real_calls']:.0f} | {r['private_real_calls']:.0f} |")
+                     f"{r['attempts_per_episode']:.1f} | {r['real_calls']:.0f} | {r['private_real_calls']:.0f} | "
+                     f"{_number(r, 'act_turns_per_episode', '.2f')} | {_number(r, 'picked_per_episode', '.2f')} | "
+                     f"{_number(r, 'malformed_turns', '.0f')} |")
     return "\n".join(lines)
+
+
+def _number(row: dict[str, Any], key: str, spec: str) -> str:
+    """A row's figure, or – in a record written before it was measured."""
+    return "–" if row.get(key) is None else format(row[key], spec)
 
 
 def plot(record: dict[str, Any], path: Path) -> None:

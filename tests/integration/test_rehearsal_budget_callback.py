@@ -42,6 +42,8 @@ def test_the_ablation_runs_every_budget_in_both_modes_and_writes_its_files(tmp_p
         assert row["private_real_calls"] == 0 and row["real_calls"] == 3  # one committed call per task
         assert row["success"] == rows[("parallel", 0)]["success"]  # the scripted act role ignores the memory
         assert (row["tokens_per_episode"] > 0) == (budget > 0)
+        # the memory commit generates every committed turn: none is a picked attempt, none malformed
+        assert (row["act_turns_per_episode"], row["picked_per_episode"], row["malformed_turns"]) == (2, 0, 0)
     plain = [{k: v for k, v in rows[(mode, 0)].items() if k != "mode"} for mode in ("parallel", "sequential")]
     assert plain[0] == plain[1]  # plain acting, run once
     files = sorted(p.name for p in (tmp_path / "ablation").iterdir())
@@ -63,6 +65,18 @@ def test_the_ablation_runs_every_budget_in_both_modes_and_writes_its_files(tmp_p
     assert "| sequential | 2 | " in (tmp_path / "ablation" / "rehearsal_budget_step0.md").read_text()
     curve = _scalars(tmp_path)["rehearsal_budget/parallel/tokens_per_episode"]
     assert len(curve) == 3 and curve[0] == 0.0 and curve[1] > 0  # one point per budget
+
+
+def test_the_table_marks_figures_an_older_record_did_not_measure() -> None:
+    from callbacks.rehearsal_budget import markdown
+
+    old = {"mode": "parallel", "budget": 2, "success": 0.1875, "tokens_per_episode": 491.1,
+           "attempts_per_episode": 5.2, "real_calls": 79.0, "private_real_calls": 0.0}
+    new = dict(old, budget=4, act_turns_per_episode=2.625, picked_per_episode=1.5, malformed_turns=12.0)
+    text = markdown({"step": 0, "n_tasks": 64, "tasks": "builtin:bank-test", "granularity": "step", "horizon": 2,
+                     "rows": [old, new]})
+    assert "| parallel | 2 | 0.188 | 491.1 | 5.2 | 79 | 0 | – | – | – |" in text
+    assert "| parallel | 4 | 0.188 | 491.1 | 5.2 | 79 | 0 | 2.62 | 1.50 | 12 |" in text
 
 
 def test_bad_settings_are_refused_by_name() -> None:
