@@ -356,9 +356,15 @@ def evaluate(settings: Settings, seed: int, arm: str, policy: str) -> dict[str, 
 
     splits = {k: v if settings.eval_tasks is None else f"{v}:{settings.eval_tasks}"
               for k, v in settings.splits().items()}
-    return {split: test(settings.rl_config, policy, tasks, f"{settings.root(seed)}/eval",
-                        [*_except_test_tasks(settings.on_domain(settings.rl_config)), *settings.extra_eval])
+    overrides = [*_except_test_tasks(settings.on_domain(settings.rl_config)),
+                 f"--model.init_args.test_group_by={GROUP}", *settings.extra_eval]
+    return {split: test(settings.rl_config, policy, tasks, f"{settings.root(seed)}/eval", overrides)
             for split, tasks in splits.items()}
+
+
+GROUP = "template"
+"""The task metadata key an evaluation also reports success by (``success_act/template=NAME``): the built-in
+domains' task templates, which need from one to four calls."""
 
 
 def _except_test_tasks(overrides: list[str]) -> list[str]:
@@ -719,6 +725,7 @@ def scoped_report(results: dict[str, dict[str, Any]], seeds: list[int], scopes: 
             f"seed {s}: " + (f"{w.get('val_success_best', float('nan')):.3f} / {w.get('steps', 0):.0f} / "
                              f"{w.get('seconds', 0):.0f} s" if w else "pending") for s, w in zip(seeds, warm)) + ".",
                   ""]
+    lines += template_table(results, seeds, scopes)
     lines += rehearsal_table(results, seeds, scopes)
     lines += curve_table(results, seeds, scopes)
     lines += scale_table(results, seeds, scopes, tiny_report)
@@ -779,6 +786,49 @@ def rehearsal_table(results: dict[str, dict[str, Any]], seeds: list[int], scopes
                     cells.append(_spread(have))
                 lines.append(f"| {scope.domain} | {name} ({arm}) | {mode} | " + " | ".join(cells) + " |")
     return lines + [""]
+
+
+def template_table(results: dict[str, dict[str, Any]], seeds: list[int], scopes: list[Settings]) -> list[str]:
+    """Real success per task template and arm (means over the seeds whose evaluation reported it), per domain."""
+    lines: list[str] = []
+    prefix = f"success_act/{GROUP}="
+    for scope in scopes:
+        evals = {arm: [results.get(scope.key(s, f"eval-{arm}"), {}) for s in seeds] for arm in ARMS}
+        rows = sorted({(split, key[len(prefix):]) for per_seed in evals.values() for e in per_seed
+                       for split, metrics in e.items() if isinstance(metrics, dict)
+                       for key in metrics if key.startswith(prefix)}, key=lambda r: (r[0] != "test", r[1]))
+        if not rows:
+            continue
+        if not lines:
+            lines = ["## Real success by task template", "",
+                     "Each template is one kind of request; *calls*: how many calls its success requires. Means over "
+                     "the seeds whose evaluation reported templates (– where none did).", ""]
+        lines += [f"| {scope.domain}: split | template | tasks | calls | " + " | ".join(f"({a})" for a in ARMS) + " |",
+                  "|---|---|---|---|" + "---|" * len(ARMS)]
+        calls = _template_calls(scope)
+        for split, name in rows:
+            tasks = next((e[split].get(f"tasks/{GROUP}={name}") for per_seed in evals.values() for e in per_seed
+                          if f"tasks/{GROUP}={name}" in e.get(split, {})), None)
+            cells = []
+            for arm in ARMS:
+                values = [float(e[split][prefix + name]) for e in evals[arm] if prefix + name in e.get(split, {})]
+                cells.append(f"{statistics.fmean(values):.3f}" if values else "–")
+            lines.append(f"| {split} | {name} | {'–' if tasks is None else f'{tasks:.0f}'} | "
+                         f"{calls.get((split, name), '–')} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return lines
+
+
+def _template_calls(scope: Settings) -> dict[tuple[str, str], str]:
+    """``{(split, template): required calls}`` of the domain's built-in splits (a range where they vary)."""
+    from envace.task_sets import load_task_set
+
+    found: dict[tuple[str, str], set[int]] = {}
+    for split, spec in scope.splits().items():
+        for task in load_task_set(spec):
+            name = str(task.metadata.get(GROUP, ""))
+            found.setdefault((split, name), set()).add(len(task.success.calls) if task.success else 0)
+    return {k: "-".join(map(str, sorted({min(v), max(v)}))) for k, v in found.items()}
 
 
 def curve_table(results: dict[str, dict[str, Any]], seeds: list[int], scopes: list[Settings]) -> list[str]:

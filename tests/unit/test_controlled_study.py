@@ -266,6 +266,29 @@ def test_one_seed_shows_no_spread_and_an_unrun_arm_a_spends_no_known_calls(study
         "SUMMARY gain=0.250 std=nan gain_vs_real=nan real_calls_rl=0 ")
 
 
+def test_evaluations_report_success_by_template_and_the_report_tables_it(study, monkeypatch):
+    import envace.demo
+
+    seen = []
+    monkeypatch.setattr(envace.demo, "evaluate", lambda config, policy, tasks, root, overrides=(): seen.append(
+        list(overrides)) or {})
+    scope = study.Settings("out", 10, 20, policy="smollm2", domain="bank")
+    study.evaluate(scope, 0, "a", "p")
+    assert all("--model.init_args.test_group_by=template" in overrides for overrides in seen)
+    results = {scope.key(0, "eval-a"): {"test": {"success_act/template=balance": 1.0, "tasks/template=balance": 37.0,
+                                                 "success_act/template=transfer_both": 0.0},
+                                        "heldout": {"success_act/template=transfer_chain_both": 0.25}},
+               scope.key(1, "eval-a"): {"test": {"success_act/template=balance": 0.5}},
+               scope.key(0, "eval-d"): {"test": {"success_act": 0.5}}}  # recorded before templates were reported
+    rows = [line for line in study.template_table(results, [0, 1], [scope]) if line.startswith("| ")]
+    assert rows[0] == "| bank: split | template | tasks | calls | (a) | (b) | (c) | (d) | (e) |"
+    # test rows first, by name; (a) is the mean over the seeds that reported the template; calls from the task files
+    assert rows[1:] == ["| test | balance | 37 | 1 | 0.750 | – | – | – | – |",
+                        "| test | transfer_both | – | 3 | 0.000 | – | – | – | – |",
+                        "| heldout | transfer_chain_both | – | 4 | 0.250 | – | – | – | – |"]
+    assert study.template_table({scope.key(0, "eval-d"): {"test": {"success_act": 0.5}}}, [0], [scope]) == []
+
+
 def test_the_printed_command_leaves_out_the_pacing(study):
     assert study._without_pacing(["--policy", "smollm2", "--max-jobs", "1", "--seeds", "0", "1"]) == [
         "--policy", "smollm2", "--seeds", "0", "1"]
