@@ -753,11 +753,13 @@ def _rehearsal_success(results: dict[str, dict[str, Any]], scope: Settings, seed
 
 
 def rehearsal_gain(results: dict[str, dict[str, Any]], seeds: list[int], scopes: list[Settings], arm: str) -> str:
-    """Best budget (> 0, either mode) minus budget 0, on means over seeds and domains; ``nan`` until measured."""
+    """Best budget (> 0, either mode) minus budget 0, on means over the seeds and domains whose rehearsal of ``arm``
+    is recorded (as ``gain`` covers what is recorded); ``nan`` until one is."""
     budgets = scopes[0].rehearsal_budgets
+    recorded = [(scope, s) for scope in scopes for s in seeds if scope.key(s, f"rehearsal-{arm}") in results]
 
     def mean_at(mode: str, budget: int) -> float:
-        values = [_rehearsal_success(results, scope, s, arm, mode, budget) for scope in scopes for s in seeds]
+        values = [_rehearsal_success(results, scope, s, arm, mode, budget) for scope, s in recorded]
         return statistics.fmean(values) if values and all(v == v for v in values) else float("nan")
 
     plain = mean_at("parallel", 0)

@@ -352,6 +352,12 @@ def test_the_rehearsal_table_and_its_gains(study):
     # best of budget > 0: sequential 2 at mean 0.75; budget 0 (parallel) at mean 0.55 -> +0.200
     assert study.rehearsal_gain(results, [0, 1], [scope], "a") == "0.200"
     assert study.rehearsal_gain(results, [0, 1], [scope], "d") == "nan"
+    # only seed 0 recorded: its own best (sequential 2, 0.7) minus its budget 0 (0.5)
+    del results[scope.key(1, "rehearsal-a")]
+    assert study.rehearsal_gain(results, [0, 1], [scope], "a") == "0.200"
+    rows = results[scope.key(0, "rehearsal-a")]["rows"]  # parallel 0, 2, 4, then sequential 2, 4
+    rows[1]["success"], rows[2]["success"], rows[3]["success"] = 0.1, 0.45, 0.3  # now every budget loses
+    assert study.rehearsal_gain(results, [0, 1], [scope], "a") == "-0.050"  # parallel 4, the least loss
 
 
 def test_the_scale_table_reads_the_tiny_studys_own_rows(study):
