@@ -51,6 +51,7 @@ class RehearsalBudgetAblation(L.Callback):
         granularity: rehearse before every committed act turn (``step``) or before the first (``task``).
         horizon: most act turns of one imagined attempt.
         temperature: sampling temperature of the attempts.
+        greedy_first: play each rehearsal's first attempt greedily (``PrivateRehearsal.greedy_first``).
         selector: what a rehearsal commits (default: the act role writes the turn with the memory).
         seed: seeds the attempts' sampling, the same for every budget and mode.
         batch_size: run the tasks in chunks of this many (None: all at once). The parallel mode generates
@@ -73,6 +74,7 @@ class RehearsalBudgetAblation(L.Callback):
         granularity: Granularity = "step",
         horizon: int = 2,
         temperature: float = 1.0,
+        greedy_first: bool = False,
         selector: Selector | None = None,
         seed: int = 0,
         batch_size: int | None = None,
@@ -97,6 +99,7 @@ class RehearsalBudgetAblation(L.Callback):
         PrivateRehearsal(1, self.modes[0], granularity, horizon, temperature)  # checks the settings by field
         self.tasks_spec, self.limit = tasks, limit
         self.granularity, self.horizon, self.temperature = granularity, horizon, temperature
+        self.greedy_first = greedy_first
         self.selector, self.seed = selector, seed
         self.at_fit_end, self.on_test, self.every_n_steps = at_fit_end, on_test, every_n_steps
         self.output_dir = output_dir
@@ -141,7 +144,8 @@ class RehearsalBudgetAblation(L.Callback):
         tasks = load_task_set(self.tasks_spec)[: self.limit]
         pl_module._bind_worlds()
         record: dict[str, Any] = {"step": trainer.global_step, "tasks": self.tasks_spec, "n_tasks": len(tasks),
-                                  "granularity": self.granularity, "horizon": self.horizon, "rows": [],
+                                  "granularity": self.granularity, "horizon": self.horizon,
+                                  "temperature": self.temperature, "greedy_first": self.greedy_first, "rows": [],
                                   "complete": False}
         settings = [(mode, budget) for mode in self.modes for budget in self.budgets]
         with torch.no_grad():
@@ -159,7 +163,8 @@ class RehearsalBudgetAblation(L.Callback):
         return record
 
     def _budget(self, budget: int, mode: str) -> PrivateRehearsal:
-        return PrivateRehearsal(budget, mode, self.granularity, self.horizon, self.temperature)  # type: ignore[arg-type]
+        return PrivateRehearsal(budget, mode, self.granularity, self.horizon, self.temperature,  # type: ignore[arg-type]
+                                greedy_first=self.greedy_first)
 
     def _run(self, module: Any, tasks: list[Any], rehearsal: PrivateRehearsal,
              name: str) -> tuple[dict[str, float], list[Any]]:
@@ -236,7 +241,8 @@ def progress_line(name: str, episodes: list[Any], total: int, elapsed: float) ->
 def markdown(record: dict[str, Any]) -> str:
     """The ablation as a Markdown table."""
     lines = [f"Private rehearsal budget at step {record['step']} ({record['n_tasks']} tasks of {record['tasks']}; "
-             f"{record['granularity']} granularity, horizon {record['horizon']})"
+             f"{record['granularity']} granularity, horizon {record['horizon']}"
+             + ("; each rehearsal's first attempt greedy" if record.get("greedy_first") else "") + ")"
              + ("" if record.get("complete", True) else "; incomplete: the run has not finished every setting yet"),
              "",
              "| mode | budget | real success | rehearsal tokens / episode | attempts / episode | real calls | "

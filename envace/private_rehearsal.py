@@ -49,6 +49,9 @@ class PrivateRehearsal:
         memory_role: the chat role of the memory message (``system``, or ``user`` for templates that accept a system
             message only first).
         max_response_chars: longest rehearsed response quoted in the memory (longer ones are cut).
+        greedy_first: play each rehearsal's first attempt greedily (temperature 0, the turns plain acting would
+            write) and the others at ``temperature``, so the candidates always include the greedy action: a selector
+            that commits an attempt then replaces it only when the rehearsed outcomes favour another one.
     """
 
     rehearsals: int = 0
@@ -59,6 +62,7 @@ class PrivateRehearsal:
     max_tokens: int | None = None
     memory_role: Literal["system", "user"] = "system"
     max_response_chars: int = 300
+    greedy_first: bool = False
 
     def __post_init__(self) -> None:
         if self.rehearsals < 0 or self.horizon < 0:

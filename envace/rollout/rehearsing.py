@@ -110,9 +110,13 @@ class RehearsingRunner(EpisodeRunner):
         attempts: dict[int, list[Attempt]] = {id(s): [] for s in due}
         rounds = 1 if self.rehearsal.mode == "parallel" else self.rehearsal.rehearsals
         per_round = self.rehearsal.rehearsals if self.rehearsal.mode == "parallel" else 1
-        for _ in range(rounds):
+        greedy: set[int] = set()  # the forks played at temperature 0 (``greedy_first``: each rehearsal's first)
+        for round_ in range(rounds):
             forks = [(s, self._fork(s, attempts[id(s)])) for s in due for _ in range(per_round)]
-            for s, attempt in zip([s for s, _ in forks], self._play([f for _, f in forks], engine)):
+            if self.rehearsal.greedy_first:
+                firsts = forks[::per_round] if round_ == 0 else []
+                greedy = {id(f) for _, f in firsts}
+            for s, attempt in zip([s for s, _ in forks], self._play([f for _, f in forks], engine, greedy)):
                 attempts[id(s)].append(attempt)
                 s.episode.stats.private_rehearsals += 1
                 s.episode.stats.private_tokens += attempt.tokens
@@ -131,10 +135,15 @@ class RehearsingRunner(EpisodeRunner):
             branch.transcript = branch.transcript + [self._memory_message(text)]
         return branch
 
-    def _play(self, branches: list[_Live], engine: Engine) -> list[Attempt]:
-        """Play every branch in the rehearsed world for at most ``horizon`` act turns; read each as an attempt."""
+    def _play(self, branches: list[_Live], engine: Engine, greedy: set[int] | None = None) -> list[Attempt]:
+        """Play every branch in the rehearsed world for at most ``horizon`` act turns; read each as an attempt.
+
+        The branches in ``greedy`` (by ``id``) act at temperature 0, the others at the rehearsal's temperature.
+        """
         assert self.rehearse_engine is not None
-        params = replace(self.config.act_params(), temperature=self.rehearsal.temperature)
+        greedy = greedy or set()
+        sampled = replace(self.config.act_params(), temperature=self.rehearsal.temperature)
+        plain = replace(sampled, temperature=0.0)
         starts = [(len(b.episode.messages), b.episode.stats.real_calls, len(b.episode.rehearsals)) for b in branches]
         first: dict[int, Generation] = {}
         tokens = {id(b): 0 for b in branches}
@@ -143,7 +152,7 @@ class RehearsingRunner(EpisodeRunner):
             active = [b for b in branches if not b.done and not b.awaiting_user and id(b) not in answered]
             if not active:
                 break
-            for b, gen in zip(active, engine.generate([b.stream.ids for b in active], params)):
+            for b, gen in zip(active, self._generate_split(active, engine, sampled, plain, greedy)):
                 first.setdefault(id(b), gen)
                 tokens[id(b)] += len(gen.token_ids)
                 self._take_act_turn(b, gen)
@@ -153,6 +162,17 @@ class RehearsingRunner(EpisodeRunner):
             if pending:
                 self._world_step(pending, self.prompter, self.rehearse_engine, False)
         return [self._attempt(b, start, first[id(b)], tokens[id(b)]) for b, start in zip(branches, starts)]
+
+    @staticmethod
+    def _generate_split(active: list[_Live], engine: Engine, sampled: SamplingParams, plain: SamplingParams,
+                        greedy: set[int]) -> list[Generation]:
+        """One act turn of every active branch: the greedy ones in one batch, the sampled ones in another."""
+        out: dict[int, Generation] = {}
+        for params, group in ((plain, [b for b in active if id(b) in greedy]),
+                              (sampled, [b for b in active if id(b) not in greedy])):
+            if group:
+                out.update(zip(map(id, group), engine.generate([b.stream.ids for b in group], params)))
+        return [out[id(b)] for b in active]
 
     def _attempt(self, branch: _Live, start: tuple[int, int, int], first: Generation, tokens: int) -> Attempt:
         messages, real_calls, rehearsals = start

@@ -77,6 +77,19 @@ def test_the_table_marks_figures_an_older_record_did_not_measure() -> None:
                      "rows": [old, new]})
     assert "| parallel | 2 | 0.188 | 491.1 | 5.2 | 79 | 0 | – | – | – |" in text
     assert "| parallel | 4 | 0.188 | 491.1 | 5.2 | 79 | 0 | 2.62 | 1.50 | 12 |" in text
+    assert "greedy" not in text.splitlines()[0]
+
+
+def test_greedy_first_reaches_every_budgets_rehearsal_and_the_table() -> None:
+    from callbacks.rehearsal_budget import RehearsalBudgetAblation, markdown
+
+    ablation = RehearsalBudgetAblation(budgets=[0, 2], greedy_first=True, temperature=0.8)
+    rehearsal = ablation._budget(2, "sequential")
+    assert (rehearsal.greedy_first, rehearsal.temperature, rehearsal.mode) == (True, 0.8, "sequential")
+    assert RehearsalBudgetAblation()._budget(2, "parallel").greedy_first is False
+    text = markdown({"step": 0, "n_tasks": 1, "tasks": "t", "granularity": "step", "horizon": 2, "greedy_first": True,
+                     "rows": []})
+    assert text.splitlines()[0].endswith("horizon 2; each rehearsal's first attempt greedy)")
 
 
 def test_bad_settings_are_refused_by_name() -> None:

@@ -111,6 +111,29 @@ def test_sequential_attempts_see_the_earlier_ones(tok):
     assert ep.stats.private_rehearsals == 2 and ep.stats.real_calls == 1
 
 
+def test_greedy_first_plays_each_parallel_rehearsals_first_attempt_at_temperature_0(tok):
+    budget = PrivateRehearsal(rehearsals=2, granularity="task", horizon=2, temperature=0.7, greedy_first=True)
+    act = [CALL_A1, CALL_B2,  # turn 1 of the attempts: the greedy one in its own batch, then the sampled one
+           "120", "50",  # their answers: a tie, so the earliest attempt, the greedy one, is committed
+           "120"]  # the committed episode's second turn (task granularity: no rehearsal before it)
+    rehearse = [result_text({"balance": 120}), result_text({"balance": 50})]
+    (ep,), act_engine, _, _ = run(tok, budget, act, rehearse, selector=OutcomeMajorityCommit())
+    assert [len(call) for call in act_engine.calls] == [1, 1, 1, 1, 1]
+    assert [p.temperature for p in act_engine.params] == [0.0, 0.7, 0.0, 0.7, 0.0]
+    assert ep.stats.private_commits == 1 and ep.calls == [ToolCall("get_balance", {"account": "A1"})]
+    assert ep.stats.private_rehearsals == 2 and ep.final_answer == "120"
+
+
+def test_greedy_first_plays_the_first_sequential_attempt_at_temperature_0(tok):
+    budget = PrivateRehearsal(rehearsals=2, mode="sequential", granularity="task", horizon=1, greedy_first=True)
+    act = [CALL_B2, CALL_A1, CALL_A1, "120"]  # greedy attempt, sampled attempt (with the memory), committed turns
+    rehearse = [result_text({"balance": 50}), result_text({"balance": 120})]
+    (ep,), act_engine, _, _ = run(tok, budget, act, rehearse)
+    assert [p.temperature for p in act_engine.params] == [0.0, 1.0, 0.0, 0.0]
+    assert "Attempt 1: get_balance" in decode(tok, act_engine.calls[1][0])  # the sampled one saw the greedy one
+    assert ep.stats.private_rehearsals == 2 and ep.stats.real_calls == 1
+
+
 def test_majority_commit_takes_the_attempts_own_tokens(tok):
     budget = PrivateRehearsal(rehearsals=3, granularity="task", horizon=1)
     act = [CALL_B2, CALL_A1, CALL_A1, "120"]  # no committed generation for turn 1: the majority is taken
