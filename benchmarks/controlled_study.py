@@ -790,23 +790,25 @@ def rehearsal_table(results: dict[str, dict[str, Any]], seeds: list[int], scopes
     return lines + [""]
 
 
+def _per_domain(heading: list[str], tables: list[list[str]]) -> list[str]:
+    """One section of per-domain tables under ``heading``: nothing when no domain has a table yet."""
+    tables = [table for table in tables if table]
+    return heading + [line for table in tables for line in table] if tables else []
+
+
 def template_table(results: dict[str, dict[str, Any]], seeds: list[int], scopes: list[Settings]) -> list[str]:
     """Real success per task template and arm (means over the seeds whose evaluation reported it), per domain."""
-    lines: list[str] = []
     prefix = f"success_act/{GROUP}="
-    for scope in scopes:
+
+    def table(scope: Settings) -> list[str]:
         evals = {arm: [results.get(scope.key(s, f"eval-{arm}"), {}) for s in seeds] for arm in ARMS}
         rows = sorted({(split, key[len(prefix):]) for per_seed in evals.values() for e in per_seed
                        for split, metrics in e.items() if isinstance(metrics, dict)
                        for key in metrics if key.startswith(prefix)}, key=lambda r: (r[0] != "test", r[1]))
         if not rows:
-            continue
-        if not lines:
-            lines = ["## Real success by task template", "",
-                     "Each template is one kind of request; *calls*: how many calls its success requires. Means over "
-                     "the seeds whose evaluation reported templates (– where none did).", ""]
-        lines += [f"| {scope.domain}: split | template | tasks | calls | " + " | ".join(f"({a})" for a in ARMS) + " |",
-                  "|---|---|---|---|" + "---|" * len(ARMS)]
+            return []
+        lines = [f"| {scope.domain}: split | template | tasks | calls | " + " | ".join(f"({a})" for a in ARMS) + " |",
+                 "|---|---|---|---|" + "---|" * len(ARMS)]
         calls = _template_calls(scope)
         for split, name in rows:
             tasks = next((e[split].get(f"tasks/{GROUP}={name}") for per_seed in evals.values() for e in per_seed
@@ -817,8 +819,12 @@ def template_table(results: dict[str, dict[str, Any]], seeds: list[int], scopes:
                 cells.append(f"{statistics.fmean(values):.3f}" if values else "–")
             lines.append(f"| {split} | {name} | {'–' if tasks is None else f'{tasks:.0f}'} | "
                          f"{calls.get((split, name), '–')} | " + " | ".join(cells) + " |")
-        lines.append("")
-    return lines
+        return lines + [""]
+
+    heading = ["## Real success by task template", "",
+               "Each template is one kind of request; *calls*: how many calls its success requires. Means over the "
+               "seeds whose evaluation reported templates (– where none did).", ""]
+    return _per_domain(heading, [table(scope) for scope in scopes])
 
 
 def _template_calls(scope: Settings) -> dict[tuple[str, str], str]:
@@ -835,27 +841,26 @@ def _template_calls(scope: Settings) -> dict[tuple[str, str], str]:
 
 def curve_table(results: dict[str, dict[str, Any]], seeds: list[int], scopes: list[Settings]) -> list[str]:
     """Rehearsal fidelity (exact match on validation tasks) during RL, per RL arm: means over seeds per step."""
-    lines: list[str] = []
-    for scope in scopes:
+    def table(scope: Settings) -> list[str]:
         curves = {arm: [results.get(scope.key(s, arm), {}).get("curve", {}).get("fidelity_exact_match", [])
                         for s in seeds] for arm in ("a", "b", "c")}
         steps = sorted({int(step) for per_seed in curves.values() for curve in per_seed for step, _ in curve})
         if not steps:
-            continue
-        if not lines:
-            lines = ["## Rehearsal fidelity during RL", "",
-                     "Exact match of the rehearsed responses to the reference calls of the validation tasks "
-                     "(`--curve-tasks`), teacher-forced, greedy, every `--curve-every` steps; means over seeds.", ""]
-        lines += [f"| {scope.domain}: arm | " + " | ".join(f"step {t}" for t in steps) + " |",
-                  "|---|" + "---|" * len(steps)]
+            return []
+        lines = [f"| {scope.domain}: arm | " + " | ".join(f"step {t}" for t in steps) + " |",
+                 "|---|" + "---|" * len(steps)]
         for arm, per_seed in curves.items():
             cells = []
             for step in steps:
                 values = [v for curve in per_seed for t, v in curve if int(t) == step]
                 cells.append(f"{statistics.fmean(values):.3f}" if values else "–")
             lines.append(f"| ({arm}) | " + " | ".join(cells) + " |")
-        lines.append("")
-    return lines
+        return lines + [""]
+
+    heading = ["## Rehearsal fidelity during RL", "",
+               "Exact match of the rehearsed responses to the reference calls of the validation tasks "
+               "(`--curve-tasks`), teacher-forced, greedy, every `--curve-every` steps; means over seeds.", ""]
+    return _per_domain(heading, [table(scope) for scope in scopes])
 
 
 TINY_ROW = re.compile(r"^\| \(([a-e])\) [^|]+\| ([0-9.]+) ± ([0-9.]+) \([^|]*\| ([0-9.]+) ± ([0-9.]+) ", re.M)
