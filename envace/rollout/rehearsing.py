@@ -110,12 +110,10 @@ class RehearsingRunner(EpisodeRunner):
         attempts: dict[int, list[Attempt]] = {id(s): [] for s in due}
         rounds = 1 if self.rehearsal.mode == "parallel" else self.rehearsal.rehearsals
         per_round = self.rehearsal.rehearsals if self.rehearsal.mode == "parallel" else 1
-        greedy: set[int] = set()  # the forks played at temperature 0 (``greedy_first``: each rehearsal's first)
         for round_ in range(rounds):
             forks = [(s, self._fork(s, attempts[id(s)])) for s in due for _ in range(per_round)]
-            if self.rehearsal.greedy_first:
-                firsts = forks[::per_round] if round_ == 0 else []
-                greedy = {id(f) for _, f in firsts}
+            first_round = self.rehearsal.greedy_first and round_ == 0  # each rehearsal's first attempt is greedy
+            greedy = {id(f) for _, f in forks[::per_round]} if first_round else set()
             for s, attempt in zip([s for s, _ in forks], self._play([f for _, f in forks], engine, greedy)):
                 attempts[id(s)].append(attempt)
                 s.episode.stats.private_rehearsals += 1
