@@ -293,7 +293,8 @@ def rl_arm(settings: Settings, seed: int, arm: str) -> dict[str, Any]:
     root = f"{settings.root(seed)}/{arm}"
     stage = fit(settings.rl_config, f"{root}/policy", root, [
         *_seed_args(seed), f"--model.policy.init_args.name_or_path={settings.root(seed)}/warm/policy",
-        *settings.on_domain(settings.rl_config), f"--model.world={world}", f"--trainer.max_steps={settings.rl_steps}",
+        *settings.on_domain(settings.rl_config), _world_arg(settings.rl_config, world),
+        f"--trainer.max_steps={settings.rl_steps}",
         "--trainer.limit_val_batches=0", *_curve_args(settings), *settings.demo_args("rl"), *settings.extra_rl,
         *(lever or ()),
     ])
@@ -308,6 +309,33 @@ def rl_arm(settings: Settings, seed: int, arm: str) -> dict[str, Any]:
         result["curve"] = {name.removeprefix("val/"): sorted(values.items()) for name, values in logged.items()
                            if name.startswith("val/")}
     return result
+
+
+def _world_arg(config: str, world: str) -> str:
+    """The ``--model.world`` of an RL arm: ``world`` with the rehearse prompt settings of ``config``'s world (a
+    ``RehearseWorld``), so that every arm's policy rehearses in the format its warm start learned (``think``: its
+    alignment rows, fidelity probes and imagined episodes), and a frozen simulator answers in it too. Real tools
+    carry the settings for the policy's rehearse role (``RealWorld.rehearse``)."""
+    settings = _rehearse_settings(config)
+    init = {"rehearse": {"class_path": WORLDS["a"], "init_args": settings}} if world == WORLDS["b"] else settings
+    return f"--model.world={json.dumps({'class_path': world, 'init_args': init})}"
+
+
+def _rehearse_settings(config: str) -> dict[str, Any]:
+    """The ``init_args`` of ``config``'s training world.
+
+    Raises:
+        ValueError: the config's ``model.world`` is not an ``envace.worlds.RehearseWorld``.
+    """
+    import yaml
+
+    model = yaml.safe_load(Path(config).read_text())["model"]
+    world = model.get("init_args", model).get("world")
+    spec = {"class_path": world} if isinstance(world, str) else dict(world or {})
+    if spec.get("class_path") != WORLDS["a"]:
+        raise ValueError(f"{config}: model.world is {spec.get('class_path')!r}; the study's RL config must train in "
+                         f"{WORLDS['a']}, whose prompt settings every arm shares")
+    return dict(spec.get("init_args") or {})
 
 
 def _curve_args(settings: Settings) -> list[str]:

@@ -22,6 +22,8 @@ class FrozenWorld(RehearseWorld):
         show_act_reasoning: show the act role's private reasoning to the simulator.
         max_prompt_tokens: cap on a simulator prompt.
         all_tools: show every tool's schema, not only the called tool's.
+        think: the simulator works each response out in ``<think>`` first, as a warm start trained with a thinking
+            rehearse role does (``RehearseWorld.think``); a frozen copy of such a policy answers plain prompts badly.
     """
 
     trained = False
@@ -33,8 +35,9 @@ class FrozenWorld(RehearseWorld):
         show_act_reasoning: bool = False,
         max_prompt_tokens: int = 4096,
         all_tools: bool = False,
+        think: bool = False,
     ) -> None:
-        super().__init__(system_prompt, show_act_reasoning, max_prompt_tokens, all_tools)
+        super().__init__(system_prompt, show_act_reasoning, max_prompt_tokens, all_tools, think)
         self.policy = policy
         self.engine: HFEngine | None = None
 

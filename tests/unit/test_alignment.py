@@ -176,6 +176,20 @@ def test_the_alignment_prompter_keeps_thinking() -> None:
     assert alignment_prompter(RehearseWorld(think=True)).think and not alignment_prompter(RehearseWorld()).think
 
 
+def test_a_frozen_simulator_of_a_thinking_warm_start_thinks(tiny_tokenizer) -> None:
+    from envace.roles.rehearse import THINK_RULE
+    from envace.worlds import FrozenWorld
+    from envace.worlds.rehearse import alignment_prompter
+
+    task = bank()["bank-train-0002-transfer_target"]
+    request = ToolRequest(task, TRANSFER, [], None, 0, 0)
+    for think in (True, False):
+        frozen = FrozenWorld(think=think)
+        RehearseWorld.bind(frozen, tiny_tokenizer, nn.Identity())  # the prompts alone (no frozen copy to build)
+        assert (THINK_RULE in tiny_tokenizer.decode(frozen.prompt(request).ids)) is think
+        assert alignment_prompter(frozen).think is think  # the policy's own rows and probes think as it does
+
+
 def test_live_pairs_give_rows_only_to_a_rehearse_role_that_does_not_think(tiny_tokenizer) -> None:
     from envace.types import Episode, EpisodeStats, Rehearsal, Sample
 

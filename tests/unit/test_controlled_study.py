@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -416,8 +417,28 @@ def test_demos_tie_the_warm_starts_demonstrations_to_the_rl_arms_references(stud
     sft, rl = seen["lit_configs/smollm2_sft.yaml"], seen["lit_configs/smollm2_rl.yaml"]
     assert "--data.train_tasks=builtin:desk:64" in sft and sft.index("--data.train_tasks=builtin:desk:64") > max(
         i for i, o in enumerate(sft) if o.startswith("--data.train_tasks=builtin:desk:500"))  # the later one wins
-    assert "--data.demonstrations=64" in rl and "--model.world=envace.worlds.RehearseWorld" in rl
+    assert "--data.demonstrations=64" in rl
+    assert '--model.world={"class_path": "envace.worlds.RehearseWorld", "init_args": {"think": true}}' in rl
     assert not any("policy.init_args.seed" in o for o in sft)  # a pretrained policy has its weights
+
+
+def test_every_rl_arm_rehearses_in_the_format_of_the_configs_world(study, tmp_path):
+    """A warm start whose rehearse role thinks must keep thinking in every arm: in (b) for its alignment rows, probes
+    and imagined episodes (``RealWorld.rehearse``), in (c) for the frozen simulator's answers. The first run of (b)
+    trained plain-prompt alignment rows on such a warm start (loss 0.2-0.3 against (a)'s 0.01-0.03)."""
+    worlds = {arm: json.loads(study._world_arg("lit_configs/smollm2_rl.yaml", world).removeprefix("--model.world="))
+              for arm, world in study.WORLDS.items()}
+    assert worlds == {
+        "a": {"class_path": "envace.worlds.RehearseWorld", "init_args": {"think": True}},
+        "b": {"class_path": "envace.worlds.RealWorld",
+              "init_args": {"rehearse": {"class_path": "envace.worlds.RehearseWorld", "init_args": {"think": True}}}},
+        "c": {"class_path": "envace.worlds.FrozenWorld", "init_args": {"think": True}},
+    }
+    assert study._rehearse_settings("lit_configs/tiny_rl.yaml") == {}  # the tiny policy's plain prompts
+    config = tmp_path / "real.yaml"
+    config.write_text("model:\n  world: envace.worlds.RealWorld\n")
+    with pytest.raises(ValueError, match=r"real\.yaml: model\.world is 'envace\.worlds\.RealWorld'"):
+        study._world_arg(str(config), study.WORLDS["c"])
 
 
 def test_a_real_model_study_keeps_each_seeds_jobs_together_and_tests_each_checkpoint_at_once(study):
