@@ -290,16 +290,16 @@ def rl_arm(settings: Settings, seed: int, arm: str) -> dict[str, Any]:
 
     lever = dict(settings.levers).get(arm.removeprefix(LEVER_PREFIX)) if arm.startswith(LEVER_PREFIX) else None
     world = WORLDS["a"] if lever is not None else WORLDS[arm]
-    root = f"{settings.root(seed)}/{arm}"
+    root, world_arg = f"{settings.root(seed)}/{arm}", _world_arg(settings.rl_config, world)
     stage = fit(settings.rl_config, f"{root}/policy", root, [
         *_seed_args(seed), f"--model.policy.init_args.name_or_path={settings.root(seed)}/warm/policy",
-        *settings.on_domain(settings.rl_config), _world_arg(settings.rl_config, world),
-        f"--trainer.max_steps={settings.rl_steps}",
+        *settings.on_domain(settings.rl_config), world_arg, f"--trainer.max_steps={settings.rl_steps}",
         "--trainer.limit_val_batches=0", *_curve_args(settings), *settings.demo_args("rl"), *settings.extra_rl,
         *(lever or ()),
     ])
     result = {"seconds": stage.seconds, "policy": stage.export_dir, "weights_sha256": weights_digest(stage.export_dir),
-              "real_calls": stage.metrics.get("train/real_calls_total", float("nan"))}
+              "real_calls": stage.metrics.get("train/real_calls_total", float("nan")),
+              "world": json.loads(world_arg.removeprefix("--model.world="))}
     logged = _scalars(root, ("train/rollout_time_s", "train/update_time_s", "val/fidelity_exact_match",
                              "val/imagined_success", "val/success_act"))
     if logged.get("train/rollout_time_s"):  # training alone, without the curve's validations: arm (e)'s budget

@@ -413,7 +413,8 @@ def test_demos_tie_the_warm_starts_demonstrations_to_the_rl_arms_references(stud
     monkeypatch.setattr(study, "weights_digest", lambda policy: "0" * 64)
     scope = study.Settings("out", 10, 20, policy="smollm2", domain="desk", demos=64)
     study.warm_start(scope, 0)
-    study.rl_arm(scope, 0, "a")
+    result = study.rl_arm(scope, 0, "a")
+    assert result["world"] == {"class_path": "envace.worlds.RehearseWorld", "init_args": {"think": True}}  # recorded
     sft, rl = seen["lit_configs/smollm2_sft.yaml"], seen["lit_configs/smollm2_rl.yaml"]
     assert "--data.train_tasks=builtin:desk:64" in sft and sft.index("--data.train_tasks=builtin:desk:64") > max(
         i for i, o in enumerate(sft) if o.startswith("--data.train_tasks=builtin:desk:500"))  # the later one wins
