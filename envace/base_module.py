@@ -16,6 +16,7 @@ from envace.alignment import warn_long_responses
 from envace.data.datamodule import RolloutDataModule
 from envace.evaluation import PolicyEvaluator
 from envace.types import Task
+from envace.worlds.rehearse import save_rehearse_format
 
 
 class PolicyModule(L.LightningModule):
@@ -150,6 +151,9 @@ class PolicyModule(L.LightningModule):
         where = self.export_path()
         model.save_pretrained(where)
         self.tokenizer.save_pretrained(where)
+        prompter = getattr(self, "prompter", None)
+        if prompter is not None:  # the rehearse prompt format it learned: a later stage is checked against it
+            save_rehearse_format(prompter, where)
         rank_zero_info(f"exported the policy to {where}")
 
     def export_path(self) -> str | None:

@@ -6,7 +6,9 @@ Each call gets a fresh rehearse-role chat (``envace.roles.rehearse``); the gener
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 from typing import Any
 
 from torch import nn
@@ -133,3 +135,51 @@ def alignment_prompter(world: World) -> RehearseWorld:
         return RehearseWorld(world.system_prompt, world.show_act_reasoning, world.max_prompt_tokens, world.all_tools,
                              world.think)
     return RehearseWorld()
+
+
+FORMAT_FILE = "envace_rehearse.json"
+"""Written next to an exported policy: the prompt settings its rehearse role was trained with."""
+FORMAT_FIELDS = ("system_prompt", "show_act_reasoning", "all_tools", "think")
+"""The ``RehearseWorld`` settings that change what a rehearse role reads or writes (not ``max_prompt_tokens``)."""
+
+
+def rehearse_format(prompter: RehearseWorld) -> dict[str, Any]:
+    """The prompt settings of ``prompter`` that a trained rehearse role depends on."""
+    return {name: getattr(prompter, name) for name in FORMAT_FIELDS}
+
+
+def save_rehearse_format(prompter: RehearseWorld, directory: str | Path) -> Path:
+    """Record, next to a policy exported to ``directory``, the rehearse prompt format it was trained with."""
+    path = Path(directory, FORMAT_FILE)
+    path.write_text(json.dumps(rehearse_format(prompter), indent=1) + "\n", encoding="utf-8")
+    return path
+
+
+def check_rehearse_format(prompter: RehearseWorld, directory: str | Path | None) -> None:
+    """Refuse to train or evaluate a policy with rehearse prompts other than those it learned.
+
+    A policy exported by envace records its format (``FORMAT_FILE``); a policy without that file (a pretrained model,
+    a hub name) is not checked. Settings the file does not name are not compared.
+
+    Raises:
+        ValueError: a setting differs; the message names the file, each setting and both values.
+    """
+    path = Path(directory, FORMAT_FILE) if directory is not None else None
+    if path is None or not path.is_file():
+        return
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not valid JSON ({err})") from err
+    if not isinstance(saved, dict):
+        raise ValueError(f"{path}: expected a JSON object of rehearse prompt settings, got {type(saved).__name__}")
+    ours = rehearse_format(prompter)
+    differ = [f"{name}: trained {saved[name]!r}, here {ours[name]!r}" for name in FORMAT_FIELDS
+              if name in saved and saved[name] != ours[name]]
+    if differ:
+        raise ValueError(
+            f"{path}: this policy's rehearse role was trained with other prompt settings than this run's "
+            f"({'; '.join(differ)}). Set them on the training world (real tools: RealWorld(rehearse=RehearseWorld("
+            f"...)); SFT: rehearse_world), or delete {path.name} to train a new format on purpose"
+        )
+

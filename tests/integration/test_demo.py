@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from unittest import mock
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 from envace import demo
+from envace.worlds.rehearse import FORMAT_FILE
 
 ROOT = Path(__file__).parents[2]
 TINY = ["--model.init_args.policy.init_args.hidden=32", "--model.init_args.policy.init_args.layers=1"]
@@ -33,6 +35,9 @@ def test_demo_runs_all_stages_and_prints_the_table(tmp_path: Path, capsys: pytes
     assert "Real tool calls during RL: 0 (counted by the module)." in out
     assert out.strip().endswith((tmp_path / "results.md").read_text(encoding="utf-8").strip())
     assert (tmp_path / "sft/policy/config.json").is_file() and (tmp_path / "rl/policy/config.json").is_file()
+    for stage in ("sft", "rl"):  # each export records the rehearse prompt format the next stage is checked against
+        record = json.loads((tmp_path / stage / "policy" / FORMAT_FILE).read_text(encoding="utf-8"))
+        assert record == {"system_prompt": None, "show_act_reasoning": False, "all_tools": False, "think": False}
     # Lightning checkpoints of both stages, under each stage's root: envace export works on what the demo trained
     (sft_last,) = (tmp_path / "sft").rglob("last.ckpt")
     (rl_last,) = (tmp_path / "rl").rglob("last.ckpt")
