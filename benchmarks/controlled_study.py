@@ -214,8 +214,12 @@ class Job:
 # --- jobs (each runs in a worker process) ----------------------------------------------------------------------------
 
 
-def _seed_args(seed: int) -> list[str]:
-    return [f"--seed_everything={seed}"]
+def _seed_args(settings: Settings, seed: int) -> list[str]:
+    """``seed_everything``, and for a pretrained policy, whose initial weights a seed cannot change, the order of the
+    training tasks (``data.seed``). Without it SmolLM2's seed-1 warm start was bit-identical to seed 0's: SFT from
+    the same weights on the same batches draws no random number that matters. Seed 0 keeps the default order."""
+    order = [] if _preset(settings.policy).seeds_weights else [f"--data.seed={seed}"]
+    return [f"--seed_everything={seed}", *order]
 
 
 def warm_start(settings: Settings, seed: int, unvalidated: bool = False) -> dict[str, Any]:
@@ -234,8 +238,8 @@ def warm_start(settings: Settings, seed: int, unvalidated: bool = False) -> dict
     start = [f"--model.init_args.policy.init_args.name_or_path={world.export_dir}"] if world else settings.base()
     quiet = ["--trainer.limit_val_batches=0", "--model.init_args.export_best=null"] if unvalidated else []
     stage = fit(settings.sft_config, f"{root}/policy", root, [
-        *_seed_args(seed), *weights, *settings.on_domain(settings.sft_config), *settings.demo_args("sft"), *start,
-        f"--trainer.max_steps={settings.sft_max_steps}", *settings.extra_sft, *settings.extra_warm, *quiet,
+        *_seed_args(settings, seed), *weights, *settings.on_domain(settings.sft_config), *settings.demo_args("sft"),
+        *start, f"--trainer.max_steps={settings.sft_max_steps}", *settings.extra_sft, *settings.extra_warm, *quiet,
     ])
     validations = _validations(root)
     result = {"seconds": stage.seconds, "steps": stage.steps, "policy": stage.export_dir,
@@ -261,9 +265,9 @@ def world_stage(settings: Settings, seed: int) -> Any:
 
     root = f"{settings.root(seed)}/world"
     return fit(settings.sft_config, f"{root}/policy", root, [
-        *_seed_args(seed), *settings.on_domain(settings.sft_config), *settings.base(), "--model.init_args.act_weight=0",
-        f"--trainer.max_steps={settings.world_steps}", "--trainer.limit_val_batches=0",
-        "--model.init_args.export_best=null", *settings.extra_sft,
+        *_seed_args(settings, seed), *settings.on_domain(settings.sft_config), *settings.base(),
+        "--model.init_args.act_weight=0", f"--trainer.max_steps={settings.world_steps}",
+        "--trainer.limit_val_batches=0", "--model.init_args.export_best=null", *settings.extra_sft,
     ])
 
 
@@ -292,7 +296,7 @@ def rl_arm(settings: Settings, seed: int, arm: str) -> dict[str, Any]:
     world = WORLDS["a"] if lever is not None else WORLDS[arm]
     root, world_arg = f"{settings.root(seed)}/{arm}", _world_arg(settings.rl_config, world)
     stage = fit(settings.rl_config, f"{root}/policy", root, [
-        *_seed_args(seed), f"--model.policy.init_args.name_or_path={settings.root(seed)}/warm/policy",
+        *_seed_args(settings, seed), f"--model.policy.init_args.name_or_path={settings.root(seed)}/warm/policy",
         *settings.on_domain(settings.rl_config), world_arg, f"--trainer.max_steps={settings.rl_steps}",
         "--trainer.limit_val_batches=0", *_curve_args(settings), *settings.demo_args("rl"), *settings.extra_rl,
         *(lever or ()),
@@ -368,7 +372,7 @@ def sft_continued(settings: Settings, seed: int, seconds: float) -> dict[str, An
     root = f"{settings.root(seed)}/e"
     hours, rest = divmod(int(round(seconds)), 3600)
     stage = fit(settings.sft_config, f"{root}/policy", root, [
-        *_seed_args(seed), *settings.on_domain(settings.sft_config), *settings.demo_args("sft"),
+        *_seed_args(settings, seed), *settings.on_domain(settings.sft_config), *settings.demo_args("sft"),
         "--model.init_args.policy=envace.policy.HFPolicy",
         f"--model.init_args.policy.init_args.name_or_path={settings.root(seed)}/warm/policy",
         "--trainer.callbacks=[]", "--model.init_args.export_best=null", "--trainer.max_steps=-1",

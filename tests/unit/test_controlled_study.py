@@ -423,6 +423,32 @@ def test_demos_tie_the_warm_starts_demonstrations_to_the_rl_arms_references(stud
     assert not any("policy.init_args.seed" in o for o in sft)  # a pretrained policy has its weights
 
 
+def test_a_pretrained_policys_seed_orders_its_training_tasks_and_a_built_ones_seeds_its_weights(study, monkeypatch):
+    """SmolLM2's seed-1 warm start came out bit-identical to seed 0's when the seed reached only ``seed_everything``."""
+    import envace.demo
+
+    seen: list[tuple[str, list[str]]] = []
+
+    def fit(config, export_dir, root, overrides=()):
+        seen.append((root, list(overrides)))
+        return envace.demo.StageResult(export_dir, 1.0, 3, {"train/real_calls_total": 0.0})
+
+    monkeypatch.setattr(envace.demo, "fit", fit)
+    monkeypatch.setattr(study, "_validations", lambda root: {3: 0.5})
+    monkeypatch.setattr(study, "weights_digest", lambda policy: "0" * 64)
+    real = study.Settings("out", 10, 20, policy="smollm2", domain="bank", world_steps=5)
+    study.warm_start(real, 1)
+    study.rl_arm(real, 1, "b")
+    study.sft_continued(real, 1, 60.0)
+    assert [root.rsplit("/", 1)[1] for root, _ in seen] == ["world", "warm", "b", "e"]
+    for _, overrides in seen:  # every stage of seed 1: the world and act stages, an RL arm, continued SFT
+        assert "--seed_everything=1" in overrides and "--data.seed=1" in overrides
+    seen.clear()
+    study.warm_start(study.Settings("out", 10, 20), 1)
+    ((_, tiny),) = seen
+    assert "--model.init_args.policy.init_args.seed=1" in tiny and not any(o.startswith("--data.seed") for o in tiny)
+
+
 def test_every_rl_arm_rehearses_in_the_format_of_the_configs_world(study, tmp_path):
     """A warm start whose rehearse role thinks must keep thinking in every arm: in (b) for its alignment rows, probes
     and imagined episodes (``RealWorld.rehearse``), in (c) for the frozen simulator's answers. The first run of (b)
