@@ -399,22 +399,29 @@ def test_an_evaluation_tests_the_split_it_names_on_the_scopes_domain(study, monk
         assert any(o.startswith("--data.train_tasks=builtin:desk") for o in overrides)
 
 
-def test_demos_tie_the_warm_starts_demonstrations_to_the_rl_arms_references(study, monkeypatch):
+@pytest.fixture
+def stages(study, monkeypatch) -> list[tuple[str, str, list[str]]]:
+    """``(config, root, overrides)`` of every ``fit`` the study's jobs call, in order; nothing is trained."""
     import envace.demo
 
-    seen = {}
+    seen: list[tuple[str, str, list[str]]] = []
 
     def fit(config, export_dir, root, overrides=()):
-        seen[config] = list(overrides)
+        seen.append((config, root, list(overrides)))
         return envace.demo.StageResult(export_dir, 1.0, 3, {"train/real_calls_total": 0.0})
 
     monkeypatch.setattr(envace.demo, "fit", fit)
     monkeypatch.setattr(study, "_validations", lambda root: {3: 0.5})
     monkeypatch.setattr(study, "weights_digest", lambda policy: "0" * 64)
+    return seen
+
+
+def test_demos_tie_the_warm_starts_demonstrations_to_the_rl_arms_references(study, stages):
     scope = study.Settings("out", 10, 20, policy="smollm2", domain="desk", demos=64)
     study.warm_start(scope, 0)
     result = study.rl_arm(scope, 0, "a")
     assert result["world"] == {"class_path": "envace.worlds.RehearseWorld", "init_args": {"think": True}}  # recorded
+    seen = {config: overrides for config, _, overrides in stages}
     sft, rl = seen["lit_configs/smollm2_sft.yaml"], seen["lit_configs/smollm2_rl.yaml"]
     assert "--data.train_tasks=builtin:desk:64" in sft and sft.index("--data.train_tasks=builtin:desk:64") > max(
         i for i, o in enumerate(sft) if o.startswith("--data.train_tasks=builtin:desk:500"))  # the later one wins
@@ -423,29 +430,18 @@ def test_demos_tie_the_warm_starts_demonstrations_to_the_rl_arms_references(stud
     assert not any("policy.init_args.seed" in o for o in sft)  # a pretrained policy has its weights
 
 
-def test_a_pretrained_policys_seed_orders_its_training_tasks_and_a_built_ones_seeds_its_weights(study, monkeypatch):
+def test_a_pretrained_policys_seed_orders_its_training_tasks_and_a_built_ones_seeds_its_weights(study, stages):
     """SmolLM2's seed-1 warm start came out bit-identical to seed 0's when the seed reached only ``seed_everything``."""
-    import envace.demo
-
-    seen: list[tuple[str, list[str]]] = []
-
-    def fit(config, export_dir, root, overrides=()):
-        seen.append((root, list(overrides)))
-        return envace.demo.StageResult(export_dir, 1.0, 3, {"train/real_calls_total": 0.0})
-
-    monkeypatch.setattr(envace.demo, "fit", fit)
-    monkeypatch.setattr(study, "_validations", lambda root: {3: 0.5})
-    monkeypatch.setattr(study, "weights_digest", lambda policy: "0" * 64)
     real = study.Settings("out", 10, 20, policy="smollm2", domain="bank", world_steps=5)
     study.warm_start(real, 1)
     study.rl_arm(real, 1, "b")
     study.sft_continued(real, 1, 60.0)
-    assert [root.rsplit("/", 1)[1] for root, _ in seen] == ["world", "warm", "b", "e"]
-    for _, overrides in seen:  # every stage of seed 1: the world and act stages, an RL arm, continued SFT
+    assert [root.rsplit("/", 1)[1] for _, root, _ in stages] == ["world", "warm", "b", "e"]
+    for _, _, overrides in stages:  # every stage of seed 1: the world and act stages, an RL arm, continued SFT
         assert "--seed_everything=1" in overrides and "--data.seed=1" in overrides
-    seen.clear()
+    stages.clear()
     study.warm_start(study.Settings("out", 10, 20), 1)
-    ((_, tiny),) = seen
+    ((_, _, tiny),) = stages
     assert "--model.init_args.policy.init_args.seed=1" in tiny and not any(o.startswith("--data.seed") for o in tiny)
 
 
