@@ -294,16 +294,17 @@ def rl_arm(settings: Settings, seed: int, arm: str) -> dict[str, Any]:
 
     lever = dict(settings.levers).get(arm.removeprefix(LEVER_PREFIX)) if arm.startswith(LEVER_PREFIX) else None
     world = WORLDS["a"] if lever is not None else WORLDS[arm]
-    root, world_arg = f"{settings.root(seed)}/{arm}", _world_arg(settings.rl_config, world)
+    root, spec = f"{settings.root(seed)}/{arm}", _world_spec(settings.rl_config, world)
     stage = fit(settings.rl_config, f"{root}/policy", root, [
         *_seed_args(settings, seed), f"--model.policy.init_args.name_or_path={settings.root(seed)}/warm/policy",
-        *settings.on_domain(settings.rl_config), world_arg, f"--trainer.max_steps={settings.rl_steps}",
+        *settings.on_domain(settings.rl_config), f"--model.world={json.dumps(spec)}",
+        f"--trainer.max_steps={settings.rl_steps}",
         "--trainer.limit_val_batches=0", *_curve_args(settings), *settings.demo_args("rl"), *settings.extra_rl,
         *(lever or ()),
     ])
     result = {"seconds": stage.seconds, "policy": stage.export_dir, "weights_sha256": weights_digest(stage.export_dir),
               "real_calls": stage.metrics.get("train/real_calls_total", float("nan")),
-              "world": json.loads(world_arg.removeprefix("--model.world="))}
+              "world": spec}
     logged = _scalars(root, ("train/rollout_time_s", "train/update_time_s", "val/fidelity_exact_match",
                              "val/imagined_success", "val/success_act"))
     if logged.get("train/rollout_time_s"):  # training alone, without the curve's validations: arm (e)'s budget
@@ -315,14 +316,14 @@ def rl_arm(settings: Settings, seed: int, arm: str) -> dict[str, Any]:
     return result
 
 
-def _world_arg(config: str, world: str) -> str:
-    """The ``--model.world`` of an RL arm: ``world`` with the rehearse prompt settings of ``config``'s world (a
-    ``RehearseWorld``), so that every arm's policy rehearses in the format its warm start learned (``think``: its
-    alignment rows, fidelity probes and imagined episodes), and a frozen simulator answers in it too. Real tools
-    carry the settings for the policy's rehearse role (``RealWorld.rehearse``)."""
+def _world_spec(config: str, world: str) -> dict[str, Any]:
+    """The ``--model.world`` of an RL arm (``class_path`` and ``init_args``): ``world`` with the rehearse prompt
+    settings of ``config``'s world (a ``RehearseWorld``), so that every arm's policy rehearses in the format its warm
+    start learned (``think``: its alignment rows, fidelity probes and imagined episodes), and a frozen simulator
+    answers in it too. Real tools carry the settings for the policy's rehearse role (``RealWorld.rehearse``)."""
     settings = _rehearse_settings(config)
     init = {"rehearse": {"class_path": WORLDS["a"], "init_args": settings}} if world == WORLDS["b"] else settings
-    return f"--model.world={json.dumps({'class_path': world, 'init_args': init})}"
+    return {"class_path": world, "init_args": init}
 
 
 def _rehearse_settings(config: str) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from envace.alignment import warn_long_responses
 from envace.data.datamodule import RolloutDataModule
 from envace.evaluation import PolicyEvaluator
 from envace.types import Task
-from envace.worlds.rehearse import save_rehearse_format
+from envace.worlds.rehearse import check_rehearse_format, save_rehearse_format
 
 
 class PolicyModule(L.LightningModule):
@@ -155,6 +155,13 @@ class PolicyModule(L.LightningModule):
         if prompter is not None:  # the rehearse prompt format it learned: a later stage is checked against it
             save_rehearse_format(prompter, where)
         rank_zero_info(f"exported the policy to {where}")
+
+    def check_policy_format(self) -> None:
+        """Refuse, before building it, a policy whose exported record names other rehearse prompt settings.
+
+        The settings compared are this module's ``prompter``'s (``envace.worlds.rehearse.check_rehearse_format``).
+        """
+        check_rehearse_format(self.prompter, getattr(self.policy, "name_or_path", None))
 
     def export_path(self) -> str | None:
         """``export_dir`` with ``{root}`` replaced by the Trainer's ``default_root_dir`` (None: no export)."""

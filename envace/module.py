@@ -53,7 +53,7 @@ from envace.types import Episode, Role, Sample, Task
 from envace.update import GRPOConfig, by_tokens, mean_stats, pack_rows, sum_heads
 from envace.users import ModelUser
 from envace.worlds.base import World
-from envace.worlds.rehearse import RehearseWorld, alignment_prompter, check_rehearse_format
+from envace.worlds.rehearse import RehearseWorld, alignment_prompter
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +189,7 @@ class EnvACEModule(PolicyModule):
         """Build the policy (idempotent: Lightning may call this more than once)."""
         if self.model is not None:
             return
-        check_rehearse_format(self.prompter, getattr(self.policy, "name_or_path", None))
+        self.check_policy_format()
         model, tokenizer = self.policy.build()
         check_chat_template(tokenizer)
         model.train()

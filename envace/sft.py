@@ -29,7 +29,7 @@ from envace.rollout.collate import RolloutBatch, collate
 from envace.rollout.runner import RolloutConfig
 from envace.types import Role, Task
 from envace.worlds.base import World
-from envace.worlds.rehearse import RehearseWorld, check_rehearse_format
+from envace.worlds.rehearse import RehearseWorld
 
 
 class SFTModule(PolicyModule):
@@ -120,7 +120,7 @@ class SFTModule(PolicyModule):
         """Build the policy (idempotent)."""
         if self.model is not None:
             return
-        check_rehearse_format(self.prompter, getattr(self.policy, "name_or_path", None))
+        self.check_policy_format()
         self.model, self.tokenizer = self.policy.build()
         check_chat_template(self.tokenizer)
         self.model.train()

@@ -132,8 +132,7 @@ def alignment_prompter(world: World) -> RehearseWorld:
     """
     world = getattr(world, "rehearse", world)
     if isinstance(world, RehearseWorld):
-        return RehearseWorld(world.system_prompt, world.show_act_reasoning, world.max_prompt_tokens, world.all_tools,
-                             world.think)
+        return RehearseWorld(max_prompt_tokens=world.max_prompt_tokens, **rehearse_format(world))
     return RehearseWorld()
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 import sys
 from pathlib import Path
 
@@ -449,7 +448,7 @@ def test_every_rl_arm_rehearses_in_the_format_of_the_configs_world(study, tmp_pa
     """A warm start whose rehearse role thinks must keep thinking in every arm: in (b) for its alignment rows, probes
     and imagined episodes (``RealWorld.rehearse``), in (c) for the frozen simulator's answers. The first run of (b)
     trained plain-prompt alignment rows on such a warm start (loss 0.2-0.3 against (a)'s 0.01-0.03)."""
-    worlds = {arm: json.loads(study._world_arg("lit_configs/smollm2_rl.yaml", world).removeprefix("--model.world="))
+    worlds = {arm: study._world_spec("lit_configs/smollm2_rl.yaml", world)
               for arm, world in study.WORLDS.items()}
     assert worlds == {
         "a": {"class_path": "envace.worlds.RehearseWorld", "init_args": {"think": True}},
@@ -461,7 +460,7 @@ def test_every_rl_arm_rehearses_in_the_format_of_the_configs_world(study, tmp_pa
     config = tmp_path / "real.yaml"
     config.write_text("model:\n  world: envace.worlds.RealWorld\n")
     with pytest.raises(ValueError, match=r"real\.yaml: model\.world is 'envace\.worlds\.RealWorld'"):
-        study._world_arg(str(config), study.WORLDS["c"])
+        study._world_spec(str(config), study.WORLDS["c"])
 
 
 def test_a_real_model_study_keeps_each_seeds_jobs_together_and_tests_each_checkpoint_at_once(study):
