@@ -18,6 +18,9 @@ trained; the checkpoint's weights are loaded into it (``torch.load(weights_only=
   The merged model of a QLoRA policy is 4-bit again: the adapters are merged into the dequantised base, which is
   quantised back, a small rounding (a largest logit difference of 0.007 on the tiny model).
 
+Each folder also holds ``envace_rehearse.json``, the rehearse prompt settings the policy was trained with (as
+``envace fit``'s own export writes it), so a later stage refuses a policy prompted otherwise.
+
 A checkpoint written by ``ModelParallelStrategy`` (FSDP2) holds sharded weights in a folder: consolidate it with
 Lightning first; ``envace export`` reads one file.
 """
@@ -33,9 +36,17 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from peft import PeftModel
 
+from envace.worlds.rehearse import RehearseWorld, save_rehearse_format
+
 
 def load_policy(config: str, ckpt_path: str, overrides: list[str] | None = None) -> tuple[Any, Any]:
-    """``(model, tokenizer)``: the config's policy, built, with the checkpoint's policy weights loaded.
+    """``(model, tokenizer)``: the config's policy, built, with the checkpoint's policy weights loaded."""
+    module = load_module(config, ckpt_path, overrides)
+    return module.model.eval(), module.tokenizer
+
+
+def load_module(config: str, ckpt_path: str, overrides: list[str] | None = None) -> Any:
+    """The config's module (``EnvACEModule`` or ``SFTModule``), its policy built, with the checkpoint's weights.
 
     Raises:
         FileNotFoundError: no checkpoint file at ``ckpt_path``.
@@ -58,7 +69,8 @@ def load_policy(config: str, ckpt_path: str, overrides: list[str] | None = None)
     if missing or unexpected:
         raise ValueError(f"{ckpt_path} does not fit the policy of {config}: missing {sorted(missing)[:5]}, "
                          f"unexpected {sorted(unexpected)[:5]} (was it trained with another policy or LoRA setting?)")
-    return module.model.eval(), module.tokenizer
+    module.model.eval()
+    return module
 
 
 def _load(model: Any, weights: dict[str, torch.Tensor]) -> tuple[list[str], list[str]]:
@@ -76,20 +88,25 @@ def _load(model: Any, weights: dict[str, torch.Tensor]) -> tuple[list[str], list
     return sorted(own - set(adapters)), list(unexpected)
 
 
-def export(model: Any, tokenizer: Any, out: str | Path, merged: bool = True) -> dict[str, str]:
-    """Write ``<out>/adapter`` (LoRA policies) and ``<out>/merged``; returns what was written where."""
+def export(model: Any, tokenizer: Any, out: str | Path, merged: bool = True,
+           prompter: RehearseWorld | None = None) -> dict[str, str]:
+    """Write ``<out>/adapter`` (LoRA policies) and ``<out>/merged``; returns what was written where.
+
+    With ``prompter`` (the module's rehearse prompts), each folder records its format (``save_rehearse_format``).
+    """
     out = Path(out)
-    written = {}
+    folders = {}
     if isinstance(model, PeftModel):
-        model.save_pretrained(out / "adapter")
-        tokenizer.save_pretrained(out / "adapter")
-        written["adapter"] = str(out / "adapter")
+        folders["adapter"] = (model, out / "adapter")
     if merged:
-        full = copy.deepcopy(model).merge_and_unload() if isinstance(model, PeftModel) else model
-        full.save_pretrained(out / "merged")
-        tokenizer.save_pretrained(out / "merged")
-        written["merged"] = str(out / "merged")
-    return written
+        folders["merged"] = (copy.deepcopy(model).merge_and_unload() if isinstance(model, PeftModel) else model,
+                             out / "merged")
+    for weights, where in folders.values():
+        weights.save_pretrained(where)
+        tokenizer.save_pretrained(where)
+        if prompter is not None:
+            save_rehearse_format(prompter, where)
+    return {kind: str(where) for kind, (_, where) in folders.items()}
 
 
 def main(argv: list[str]) -> dict[str, str]:
@@ -103,10 +120,10 @@ def main(argv: list[str]) -> dict[str, str]:
     bad = [o for o in overrides if not o.startswith("--")]
     if bad:
         parser.error(f"unrecognised arguments: {' '.join(bad)} (overrides are --key=value, as for envace fit)")
-    model, tokenizer = load_policy(args.config, args.ckpt_path, overrides)
-    if args.no_merged and not isinstance(model, PeftModel):
+    module = load_module(args.config, args.ckpt_path, overrides)
+    if args.no_merged and not isinstance(module.model, PeftModel):
         parser.error("--no-merged: the policy has no LoRA adapter, so the merged model is all there is to export")
-    written = export(model, tokenizer, args.out, merged=not args.no_merged)
+    written = export(module.model, module.tokenizer, args.out, merged=not args.no_merged, prompter=module.prompter)
     for kind, where in written.items():
         rank_zero_info(f"exported the {kind} policy to {where}")
     return written

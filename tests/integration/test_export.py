@@ -3,6 +3,7 @@ Lightning checkpoint to Hugging Face folders that ``transformers`` and ``peft`` 
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from unittest import mock
@@ -12,9 +13,11 @@ import torch
 
 from envace.cli import cli_main
 from envace.command import main
+from envace.worlds.rehearse import FORMAT_FILE
 
 TINY = str(Path(__file__).parents[2] / "lit_configs" / "tiny.yaml")
 LORA = '--model.policy.init_args.lora={"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}'
+THINK = "--model.world.init_args.rehearse.think=true"
 
 
 def _fit(tmp_path: Path, *extra: str) -> Path:
@@ -27,6 +30,11 @@ def _fit(tmp_path: Path, *extra: str) -> Path:
         cli_main(args)
     (checkpoint,) = tmp_path.rglob("last.ckpt")
     return checkpoint
+
+
+def _format(folder: Path) -> dict:
+    """The rehearse prompt format recorded beside an exported policy."""
+    return json.loads((folder / FORMAT_FILE).read_text(encoding="utf-8"))
 
 
 def _logits(model: torch.nn.Module) -> torch.Tensor:
@@ -56,6 +64,8 @@ def test_a_lora_policy_exports_its_adapter_and_a_merged_model(tmp_path: Path) ->
     adapted = PeftModel.from_pretrained(base, out / "adapter")
     assert torch.allclose(_logits(adapted), expected, atol=1e-5)
     assert AutoTokenizer.from_pretrained(out / "merged").chat_template  # the template travels with the model
+    default = {"system_prompt": None, "show_act_reasoning": False, "all_tools": False, "think": False}
+    assert _format(out / "merged") == _format(out / "adapter") == default
 
 
 @pytest.mark.slow
@@ -64,11 +74,12 @@ def test_a_fully_trained_policy_exports_a_merged_model_and_bad_exports_are_refus
 
     from envace.export import load_policy
 
-    checkpoint = _fit(tmp_path / "run")
+    checkpoint = _fit(tmp_path / "run", THINK)
     out = tmp_path / "export"
     with mock.patch.object(sys, "argv", ["envace"]):
-        written = main(["export", "--config", TINY, "--ckpt_path", str(checkpoint), "--out", str(out)])
+        written = main(["export", "--config", TINY, "--ckpt_path", str(checkpoint), "--out", str(out), THINK])
     assert written is None and sorted(p.name for p in out.iterdir()) == ["merged"]
+    assert _format(out / "merged")["think"] is True  # the format it trained with, as fit's own export records it
     trained, _ = load_policy(TINY, str(checkpoint))
     assert torch.allclose(_logits(AutoModelForCausalLM.from_pretrained(out / "merged")), _logits(trained))
     with pytest.raises(ValueError, match=r"does not fit the policy of .*missing \[.base_model\.model"):
