@@ -15,8 +15,9 @@ from torch import Tensor
 from envace.alignment import warn_long_responses
 from envace.data.datamodule import RolloutDataModule
 from envace.evaluation import PolicyEvaluator
+from envace.export import save_policy
 from envace.types import Task
-from envace.worlds.rehearse import check_rehearse_format, save_rehearse_format
+from envace.worlds.rehearse import check_rehearse_format
 
 
 class PolicyModule(L.LightningModule):
@@ -149,11 +150,8 @@ class PolicyModule(L.LightningModule):
         if isinstance(model, PeftModel):
             model = model.merge_and_unload()
         where = self.export_path()
-        model.save_pretrained(where)
-        self.tokenizer.save_pretrained(where)
-        prompter = getattr(self, "prompter", None)
-        if prompter is not None:  # the rehearse prompt format it learned: a later stage is checked against it
-            save_rehearse_format(prompter, where)
+        # with the rehearse prompt format it learned: a later stage is checked against it
+        save_policy(model, self.tokenizer, where, getattr(self, "prompter", None))
         rank_zero_info(f"exported the policy to {where}")
 
     def check_policy_format(self) -> None:

@@ -102,11 +102,19 @@ def export(model: Any, tokenizer: Any, out: str | Path, merged: bool = True,
         folders["merged"] = (copy.deepcopy(model).merge_and_unload() if isinstance(model, PeftModel) else model,
                              out / "merged")
     for weights, where in folders.values():
-        weights.save_pretrained(where)
-        tokenizer.save_pretrained(where)
-        if prompter is not None:
-            save_rehearse_format(prompter, where)
+        save_policy(weights, tokenizer, where, prompter)
     return {kind: str(where) for kind, (_, where) in folders.items()}
+
+
+def save_policy(model: Any, tokenizer: Any, where: str | Path, prompter: RehearseWorld | None = None) -> None:
+    """Write one policy folder: weights and tokenizer in Hugging Face format, and the rehearse prompt format.
+
+    The format (``save_rehearse_format``) is written with ``prompter`` only. ``envace fit``'s export writes the same.
+    """
+    model.save_pretrained(where)
+    tokenizer.save_pretrained(where)
+    if prompter is not None:
+        save_rehearse_format(prompter, where)
 
 
 def main(argv: list[str]) -> dict[str, str]:
