@@ -846,18 +846,25 @@ def template_table(results: dict[str, dict[str, Any]], seeds: list[int], scopes:
         for split, name in rows:
             tasks = next((e[split].get(f"tasks/{GROUP}={name}") for per_seed in evals.values() for e in per_seed
                           if f"tasks/{GROUP}={name}" in e.get(split, {})), None)
-            cells = []
-            for arm in ARMS:
-                values = [float(e[split][prefix + name]) for e in evals[arm] if prefix + name in e.get(split, {})]
-                cells.append(f"{statistics.fmean(values):.3f}" if values else "–")
+            cells = [_mean_and_seeds([e.get(split, {}).get(prefix + name) for e in evals[arm]]) for arm in ARMS]
             lines.append(f"| {split} | {name} | {'–' if tasks is None else f'{tasks:.0f}'} | "
                          f"{calls.get((split, name), '–')} | " + " | ".join(cells) + " |")
         return lines + [""]
 
     heading = ["## Real success by task template", "",
                "Each template is one kind of request; *calls*: how many calls its success requires. Means over the "
-               "seeds whose evaluation reported templates (– where none did).", ""]
+               "seeds whose evaluation reported templates, and each seed's value in brackets (– for a seed whose "
+               "evaluation did not report them).", ""]
     return _per_domain(heading, [table(scope) for scope in scopes])
+
+
+def _mean_and_seeds(values: list[float | None]) -> str:
+    """The mean of the reported values; over several seeds also each seed's (``–`` where none was reported)."""
+    have = [float(v) for v in values if v is not None]
+    if not have:
+        return "–"
+    each = " / ".join("–" if v is None else f"{float(v):.3f}" for v in values)
+    return f"{statistics.fmean(have):.3f}" + (f" ({each})" if len(values) > 1 else "")
 
 
 def _template_calls(scope: Settings) -> dict[tuple[str, str], str]:

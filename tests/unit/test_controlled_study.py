@@ -282,10 +282,13 @@ def test_evaluations_report_success_by_template_and_the_report_tables_it(study, 
                scope.key(0, "eval-d"): {"test": {"success_act": 0.5}}}  # recorded before templates were reported
     rows = [line for line in study.template_table(results, [0, 1], [scope]) if line.startswith("| ")]
     assert rows[0] == "| bank: split | template | tasks | calls | (a) | (b) | (c) | (d) | (e) |"
-    # test rows first, by name; (a) is the mean over the seeds that reported the template; calls from the task files
-    assert rows[1:] == ["| test | balance | 37 | 1 | 0.750 | – | – | – | – |",
-                        "| test | transfer_both | – | 3 | 0.000 | – | – | – | – |",
-                        "| heldout | transfer_chain_both | – | 4 | 0.250 | – | – | – | – |"]
+    # test rows first, by name; (a) is the mean over the seeds that reported the template, then each seed's value;
+    # calls from the task files
+    assert rows[1:] == ["| test | balance | 37 | 1 | 0.750 (1.000 / 0.500) | – | – | – | – |",
+                        "| test | transfer_both | – | 3 | 0.000 (0.000 / –) | – | – | – | – |",
+                        "| heldout | transfer_chain_both | – | 4 | 0.250 (0.250 / –) | – | – | – | – |"]
+    one_seed = [line for line in study.template_table(results, [0], [scope]) if line.startswith("| test | balance")]
+    assert one_seed == ["| test | balance | 37 | 1 | 1.000 | – | – | – | – |"]  # one seed: its value alone
     assert study.template_table({scope.key(0, "eval-d"): {"test": {"success_act": 0.5}}}, [0], [scope]) == []
 
 
