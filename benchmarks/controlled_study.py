@@ -41,13 +41,14 @@ import json  # noqa: E402
 import logging  # noqa: E402
 import math  # noqa: E402
 import multiprocessing  # noqa: E402
+import platform  # noqa: E402
 import re  # noqa: E402
 import shlex  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
+from dataclasses import dataclass, field, replace  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -205,6 +206,9 @@ class Job:
     """The needs whose checkpoints this job reads (None: every need); the others lend it only their results."""
     again: Callable[[dict[str, Any]], tuple[Any, ...]] = field(default=lambda recorded: ())
     """Extra arguments of a recorded job trained again (its checkpoint was gone), from its recorded result."""
+    retest: bool = False
+    """A test that runs again, as ``<key>@<first 12 hex digits>``, on a checkpoint it reads that was trained again
+    with weights unlike the recorded ones (``--accept-rebuilt``): the jobs trained from that rebuild pair with it."""
 
     def reads(self) -> tuple[str, ...]:
         """The jobs whose checkpoints must be on disk before this one runs."""
@@ -478,7 +482,7 @@ def _seed_jobs(settings: Settings, s: int) -> list[Job]:
 
     def tested(arm: str, source: str) -> list[Job]:
         jobs = [Job(k(s, f"eval-{arm}"), evaluate, (settings, s, arm), (source,),
-                    lambda r: (r[source]["policy"],))]
+                    lambda r: (r[source]["policy"],), retest=arm == "d")]
         if settings.tag and arm in REHEARSED_ARMS:  # the real-model study also rehearses privately at test time
             jobs.append(Job(k(s, f"rehearsal-{arm}"), rehearse_at_test, (settings, s, arm), (source,),
                             lambda r: (r[source]["policy"],)))
@@ -513,7 +517,8 @@ def _lever_jobs(settings: Settings, seeds: list[int]) -> list[Job]:
 
 
 def run_all(jobs: list[Job], out: str, workers: int, record: str | None = None,
-            max_jobs: int | None = None) -> dict[str, dict[str, Any]]:
+            max_jobs: int | None = None, accept_rebuilt: bool = False,
+            retests: list[Job] | None = None) -> dict[str, dict[str, Any]]:
     """Run ``jobs`` respecting their dependencies, ``workers`` at a time; reuse results saved by an earlier run.
 
     Args:
@@ -521,12 +526,20 @@ def run_all(jobs: list[Job], out: str, workers: int, record: str | None = None,
         out: where each job's result is saved as ``<key>.json`` (beside its checkpoints).
         workers: jobs in parallel.
         record: a results file kept in version control: every job recorded there counts as done, and each job that
-            finishes is added to it at once. A recorded job whose checkpoint (its ``policy``) is gone but which a
-            pending job needs runs again from its seed; its recorded result is kept.
+            finishes is added to it at once, with the fingerprints of the checkpoints it read (``starts_from``). A
+            recorded job whose checkpoint (its ``policy``) is gone but which a pending job needs runs again from its
+            seed; its recorded result is kept.
         max_jobs: start at most this many jobs (one arm at a time: ``--max-jobs 1``); None runs all.
+        accept_rebuilt: a checkpoint trained again whose weights differ from the recorded ones (another CPU's
+            arithmetic) is used rather than refused; the tests marked ``retest`` run again on it, as
+            ``<key>@<fingerprint>``, so that the jobs trained from it pair with a test of what they started from.
+        retests: where those tests are found (default: ``jobs``; a selection may have left them out).
 
     Returns:
         Every result known (saved, recorded, or run now); a plan cut by ``max_jobs`` leaves jobs out.
+
+    Raises:
+        RuntimeError: a checkpoint trained again differs from the recorded one and ``accept_rebuilt`` is off.
     """
     results: dict[str, dict[str, Any]] = {}
     for job in jobs:
@@ -534,6 +547,8 @@ def run_all(jobs: list[Job], out: str, workers: int, record: str | None = None,
         if saved.is_file():
             results[job.key] = json.loads(saved.read_text(encoding="utf-8"))
     recorded = read_record(record) if record else {}
+    rebuilt = {key: _rebuilt_unlike(key, recorded.get(key), result, record, accept_rebuilt)
+               for key, result in results.items()}  # trained again by an earlier run into this --out
     results.update({key: value for key, value in recorded.items() if key not in results})
     pending = [j for j in jobs if j.key not in results]
     needed = {n for j in pending for n in j.reads()}
@@ -541,7 +556,8 @@ def run_all(jobs: list[Job], out: str, workers: int, record: str | None = None,
     for job in rebuild:  # its checkpoint is gone (a fresh clone): train it again from its seed
         del results[job.key]
     again = {job.key: job.again(recorded.get(job.key) or {}) for job in rebuild}
-    pending = [j for j in jobs if j.key not in results]
+    tests = [j for j in (jobs if retests is None else retests) if j.retest]
+    pending = _retests(tests, rebuilt, results) + [j for j in jobs if j.key not in results]
     running: dict[Future, Job] = {}
     started = 0
     context = multiprocessing.get_context("spawn")
@@ -561,29 +577,54 @@ def run_all(jobs: list[Job], out: str, workers: int, record: str | None = None,
             done, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in done:
                 job = running.pop(future)
-                results[job.key] = future.result()  # a failed job stops the study with its error
-                _same_as_recorded(job.key, recorded.get(job.key), results[job.key], record)
+                results[job.key] = {**future.result(), **_starts_from(job, results)}  # a failed job stops the study
+                rebuilt[job.key] = _rebuilt_unlike(job.key, recorded.get(job.key), results[job.key], record,
+                                                   accept_rebuilt)
+                pending[:0] = _retests(tests, {job.key: rebuilt[job.key]}, results)
                 if record:  # a job trained again keeps its recorded result; it adds only what the record lacks
                     add_to_record(record, job.key, {**results[job.key], **recorded.get(job.key, {})})
                 print(f"finished {job.key}", flush=True)  # noqa: T201
     return results
 
 
-def _same_as_recorded(key: str, recorded: dict[str, Any] | None, rebuilt: dict[str, Any], record: str | None) -> None:
-    """A checkpoint trained again from its seed must be the recorded one, bit for bit (its weights' SHA-256), or the
-    arms tested from it would not share what the record says they share.
+def _rebuilt_unlike(key: str, recorded: dict[str, Any] | None, rebuilt: dict[str, Any], record: str | None,
+                    accept: bool) -> str | None:
+    """A checkpoint trained again from its seed should be the recorded one, bit for bit (its weights' SHA-256), or
+    the arms tested from it would not share what the record says they share.
+
+    Returns:
+        The rebuild's fingerprint where it differs from the recorded one and ``accept`` holds; None where they agree
+        (or either has none).
 
     Raises:
-        RuntimeError: the fingerprints differ, naming the job and the record.
+        RuntimeError: the fingerprints differ and ``accept`` is off, naming the job and the record.
     """
     if not recorded or "weights_sha256" not in recorded or "weights_sha256" not in rebuilt:
-        return
-    if recorded["weights_sha256"] != rebuilt["weights_sha256"]:
-        raise RuntimeError(
-            f"{key}: trained again from its seed (its checkpoint was gone), its weights differ from those {record} "
-            f"records (SHA-256 {rebuilt['weights_sha256'][:12]}... against {recorded['weights_sha256'][:12]}...): "
-            "the jobs still to run would not start from the checkpoint the recorded ones did. Rerun with the same "
-            "OMP_NUM_THREADS, torch and CPU as the recorded run, or start this scope again with a fresh --record")
+        return None
+    if recorded["weights_sha256"] == rebuilt["weights_sha256"]:
+        return None
+    if accept:
+        return rebuilt["weights_sha256"]
+    raise RuntimeError(
+        f"{key}: trained again from its seed (its checkpoint was gone), its weights differ from those {record} "
+        f"records (SHA-256 {rebuilt['weights_sha256'][:12]}... against {recorded['weights_sha256'][:12]}...): "
+        "the jobs still to run would not start from the checkpoint the recorded ones did. Rerun with the same "
+        "OMP_NUM_THREADS, torch and CPU as the recorded run; or pass --accept-rebuilt to train them from this one, "
+        "its own (d) tested again beside them; or start this scope again with a fresh --record")
+
+
+def _starts_from(job: Job, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """``starts_from``: the fingerprint of each checkpoint ``job`` read (where its result has one)."""
+    shas = {need: results[need]["weights_sha256"] for need in job.reads()
+            if "weights_sha256" in results.get(need, {})}
+    return {"starts_from": shas} if shas else {}
+
+
+def _retests(tests: list[Job], rebuilt: dict[str, str | None], done: dict[str, dict[str, Any]]) -> list[Job]:
+    """The ``retest`` jobs to run again, each as ``<key>@<fingerprint>``, on the checkpoints trained again unlike
+    the recorded ones (``rebuilt``: key to fingerprint, None where alike); those already done are left out."""
+    return [replace(job, key=variant, retest=False) for job in tests for need in job.reads()
+            if rebuilt.get(need) and (variant := f"{job.key}@{rebuilt[need][:12]}") not in done]
 
 
 def _checkpoint_present(result: dict[str, Any]) -> bool:
@@ -719,11 +760,17 @@ def scoped_report(results: dict[str, dict[str, Any]], seeds: list[int], scopes: 
         spread = f" ± {std:.3f}" if len(have) > 1 else ""  # one seed: its value alone, the others shown as –
         return f"{mean:+.3f}{spread} ({each})" if signed else f"{mean:.3f}{spread} ({each})"
 
-    def paired(scope: Settings, arm: str, base: str, split: str) -> list[float]:
-        return [metric(scope, arm, s, split) - metric(scope, base, s, split) for s in seeds]
-
     def job(scope: Settings, arm: str, seed: int) -> dict[str, Any]:
         return results.get(scope.key(seed, {"d": "warm"}.get(arm, arm)), {})
+
+    def pair(scope: Settings, arm: str, base: str, seed: int) -> str:
+        """What ``arm`` pairs with: ``base``, or for (d) its retest on the rebuilt warm start ``arm`` started from."""
+        start = job(scope, arm, seed).get("starts_from", {}).get(scope.key(seed, "warm"))
+        warm = job(scope, "d", seed).get("weights_sha256")
+        return f"d@{start[:12]}" if base == "d" and start and warm and start != warm else base
+
+    def paired(scope: Settings, arm: str, base: str, split: str) -> list[float]:
+        return [metric(scope, arm, s, split) - metric(scope, pair(scope, arm, base, s), s, split) for s in seeds]
 
     lines = [f"# Controlled study on a real language model: {scopes[0].label}", "",
              f"Produced by `{command}` (seeds {', '.join(map(str, seeds))}; {scopes[0].rl_steps} RL steps per arm). "
@@ -758,6 +805,13 @@ def scoped_report(results: dict[str, dict[str, Any]], seeds: list[int], scopes: 
             f"seed {s}: " + (f"{w.get('val_success_best', float('nan')):.3f} / {w.get('steps', 0):.0f} / "
                              f"{w.get('seconds', 0):.0f} s" if w else "pending") for s, w in zip(seeds, warm)) + ".",
                   ""]
+        rebuilt = [(s, arm, pair(scope, arm, "d", s)) for s in seeds for arm in ARMS]
+        if any(base != "d" for _, _, base in rebuilt):
+            lines += ["Trained from a warm start trained again, whose weights differ from the recorded one's: "
+                      + ", ".join(f"seed {s} ({arm}), paired with that rebuild's own test ({base}: "
+                                  f"{metric(scope, base, s, 'test'):.3f}; the recorded (d): "
+                                  f"{metric(scope, 'd', s, 'test'):.3f})" for s, arm, base in rebuilt if base != "d")
+                      + ". Its differences against the other RL arms are not paired.", ""]
     lines += template_table(results, seeds, scopes)
     lines += rehearsal_table(results, seeds, scopes)
     lines += curve_table(results, seeds, scopes)
@@ -1000,6 +1054,26 @@ def _without_pacing(args: list[str]) -> list[str]:
     return out
 
 
+PORTABLE_NUMERICS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT"}
+"""CPU arithmetic pinned to AVX2 kernels (torch's own and MKL's), whatever the processor offers beyond: a warm start
+trained again in a later session, on another x86 CPU, then gets the same weights (same torch, thread count and
+seed). Measured on an AVX-512 machine: no slower than its native kernels for SmolLM2-shaped training steps."""
+
+
+def portable_numerics(cpuinfo: str = "/proc/cpuinfo") -> None:
+    """Pin the jobs' CPU arithmetic (``PORTABLE_NUMERICS``, inherited by the worker processes) on an x86 CPU with
+    AVX2, where the user has not set those variables; elsewhere leave it alone."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return
+    try:
+        flags = Path(cpuinfo).read_text(encoding="utf-8").split()
+    except OSError:  # not Linux: no reliable flag list, so no pinning
+        return
+    if "avx2" in flags:
+        for name, value in PORTABLE_NUMERICS.items():
+            os.environ.setdefault(name, value)
+
+
 def select(jobs: list[Job], patterns: list[str]) -> list[Job]:
     """The jobs whose keys match one of ``patterns`` (shell-style, ``fnmatch``), with every job they need, in plan
     order: a session that can afford one block (an arm's training and its tests) runs exactly that block.
@@ -1074,6 +1148,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--only", action="append", default=[], metavar="PATTERN",
                         help="run only the jobs whose keys match PATTERN (shell-style; repeatable) and the jobs they "
                              "need, e.g. --only 'smollm2-bank-s0-*-a' --only smollm2-bank-s0-a")
+    parser.add_argument("--accept-rebuilt", action="store_true",
+                        help="train the jobs still to run from a warm start trained again whose weights differ from "
+                             "the recorded one's (another CPU), and test that rebuild's (d) again for them to pair "
+                             "with; without it such a rebuild stops the study")
     parser.add_argument("--max-jobs", type=int, default=None,
                         help="start at most this many jobs, then rebuild the report from what is recorded (0: only "
                              "rebuild it)")
@@ -1113,14 +1191,16 @@ def main(argv: list[str] | None = None) -> None:
         print(text)  # noqa: T201
         return
     record = args.record or f"docs/study/{label}.json"
-    jobs = [job for scope in scopes for job in plan(scope, args.seeds)]
+    jobs = everything = [job for scope in scopes for job in plan(scope, args.seeds)]
     if args.only:
         try:
             jobs = select(jobs, args.only)
         except ValueError as err:
             parser.error(str(err))
     if args.max_jobs != 0:
-        run_all(jobs, args.out, args.workers, record=record, max_jobs=args.max_jobs)
+        portable_numerics()
+        run_all(jobs, args.out, args.workers, record=record, max_jobs=args.max_jobs,
+                accept_rebuilt=args.accept_rebuilt, retests=everything)
     report_file = Path(args.report)
     tiny = _section(report_file.read_text(encoding="utf-8"), SECTION) if report_file.is_file() else ""
     text = scoped_report(read_record(record), args.seeds, scopes, command, tiny)

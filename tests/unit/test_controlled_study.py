@@ -493,6 +493,77 @@ def test_a_retrained_checkpoint_must_match_the_recorded_fingerprint(study, tmp_p
     assert "s0-a" not in study.read_record(record)  # nothing ran from the different warm start
 
 
+def test_an_accepted_rebuild_trains_the_rest_from_it_and_tests_its_own_d_again(study, tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    record = str(tmp_path / "record.json")
+    gone = str(tmp_path / "gone")
+    study.add_to_record(record, "s0-warm", {"policy": gone, "weights_sha256": "aa" * 32})
+    study.add_to_record(record, "s0-eval-d", {"test": {"success_act": 0.5}})
+    study.add_to_record(record, "s0-b", {"policy": "b", "starts_from": {"s0-warm": "aa" * 32}})
+    jobs = [study.Job("s0-warm", dict, ([("policy", gone), ("weights_sha256", "bb" * 32)],)),
+            study.Job("s0-eval-d", dict, ([("test", "rebuilt")],), ("s0-warm",), retest=True),
+            study.Job("s0-b", dict, ([("policy", "b")],), ("s0-warm",)),
+            study.Job("s0-e", dict, ([("policy", "e")],), ("s0-warm",))]
+    out = tmp_path / "out"
+    out.mkdir()
+    chosen = study.select(jobs, ["s0-e"])  # a selection without the test of (d): the plan's is used
+    study.run_all(chosen, str(out), workers=1, record=record, accept_rebuilt=True, retests=jobs)
+    saved = study.read_record(record)
+    assert saved["s0-warm"]["weights_sha256"] == "aa" * 32  # the recorded warm start stays what the record says
+    assert saved["s0-e"] == {"policy": "e", "starts_from": {"s0-warm": "bb" * 32}}
+    assert saved["s0-eval-d@bbbbbbbbbbbb"] == {"test": "rebuilt", "starts_from": {"s0-warm": "bb" * 32}}
+    assert saved["s0-eval-d"] == {"test": {"success_act": 0.5}}  # the recorded (d) is kept for the recorded arms
+
+
+def test_a_rebuild_saved_by_an_earlier_run_is_refused_too(study, tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    record = str(tmp_path / "record.json")
+    warm = tmp_path / "warm"
+    (warm / "config.json").parent.mkdir()
+    (warm / "config.json").write_text("{}")  # its checkpoint is on disk: nothing is trained again
+    study.add_to_record(record, "s0-warm", {"policy": str(warm), "weights_sha256": "aa" * 32})
+    # an earlier run trained it again unlike the record, stopped, and left its result in --out
+    (tmp_path / "s0-warm.json").write_text(f'{{"policy": "{warm}", "weights_sha256": "{"bb" * 32}"}}')
+    jobs = [study.Job("s0-warm", dict, ([("policy", str(warm))],)),
+            study.Job("s0-a", dict, ([("policy", "a")],), ("s0-warm",))]
+    with pytest.raises(RuntimeError, match="s0-warm: trained again .*--accept-rebuilt"):
+        study.run_all(jobs, str(tmp_path), workers=1, record=record)
+    assert "s0-a" not in study.read_record(record)
+
+
+def test_an_arm_from_a_rebuilt_warm_start_pairs_with_that_rebuilds_own_test(study):
+    scope = study.Settings("out", 10, 20, policy="smollm2", domain="bank")
+    results = {scope.key(0, "warm"): {"weights_sha256": "aa" * 32, "seconds": 1.0}}
+    for arm, value in (("a", 0.75), ("d", 0.5), ("e", 0.625), ("d@bbbbbbbbbbbb", 0.25)):
+        results[scope.key(0, f"eval-{arm}")] = {"test": {"success_act": value}, "heldout": {"success_act": 0.0}}
+    results[scope.key(0, "a")] = {"seconds": 9.0, "real_calls": 0.0, "starts_from": {scope.key(0, "warm"): "aa" * 32}}
+    results[scope.key(0, "e")] = {"seconds": 9.0, "real_calls": 0.0, "starts_from": {scope.key(0, "warm"): "bb" * 32}}
+    text = study.scoped_report(results, [0, 1], [scope], "cmd")
+    row = {line.split("|")[1].strip()[:3]: [c.strip() for c in line.split("|")[1:-1]]
+           for line in text.splitlines() if line.startswith("| (")}
+    assert row["(a)"][3] == "+0.250 (+0.250 / –)"  # 0.75 - 0.5: (a) started from the recorded warm start
+    assert row["(e)"][3] == "+0.375 (+0.375 / –)"  # 0.625 - 0.25: (e) from the rebuild, against the rebuild's test
+    assert ("seed 0 (e), paired with that rebuild's own test (d@bbbbbbbbbbbb: 0.250; the recorded (d): 0.500)"
+            in text)
+
+
+@pytest.mark.parametrize(("machine", "flags", "pinned"), [("x86_64", "fpu avx2 sse2", True),
+                                                           ("x86_64", "fpu sse2", False), ("aarch64", "avx2", False)])
+def test_portable_numerics_pin_avx2_kernels_only_where_the_cpu_has_them(study, monkeypatch, tmp_path, machine,
+                                                                        flags, pinned):
+    for name in study.PORTABLE_NUMERICS:  # set, then deleted: teardown restores what was there, set or not
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    monkeypatch.setattr(study.platform, "machine", lambda: machine)
+    (tmp_path / "cpuinfo").write_text(f"flags\t\t: {flags}\n")
+    study.portable_numerics(str(tmp_path / "cpuinfo"))
+    expected = study.PORTABLE_NUMERICS if pinned else {}
+    assert {name: study.os.environ[name] for name in study.PORTABLE_NUMERICS if name in study.os.environ} == expected
+    monkeypatch.setenv("MKL_CBWR", "COMPATIBLE")  # what the user set is kept
+    study.portable_numerics(str(tmp_path / "cpuinfo"))
+    assert study.os.environ["MKL_CBWR"] == "COMPATIBLE"
+
+
 def test_the_weights_fingerprint_covers_every_weight_file_by_name_and_content(study, tmp_path):
     import hashlib
 
