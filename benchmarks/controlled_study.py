@@ -1039,16 +1039,21 @@ def write_section(path: str, name: str, text: str) -> None:
 
 PACING = ("--max-jobs", "--only")
 """Options that choose which jobs run when, never what a job does: the report's command leaves them out."""
+RESUMING = ("--accept-rebuilt",)
+"""Flags of how one session resumes after a checkpoint was lost, also left out: the report names each arm that
+started from a rebuilt checkpoint beside its table."""
 
 
 def _without_pacing(args: list[str]) -> list[str]:
-    """The command line as the report prints it, without the ``PACING`` options."""
+    """The command line as the report prints it, without the ``PACING`` options and the ``RESUMING`` flags."""
     out, skip = [], False
     for arg in args:
         if skip:
             skip = False
         elif arg in PACING:
             skip = True
+        elif arg in RESUMING:
+            continue
         elif not arg.startswith(tuple(f"{option}=" for option in PACING)):
             out.append(arg)
     return out

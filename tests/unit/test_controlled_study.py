@@ -298,6 +298,7 @@ def test_the_printed_command_leaves_out_the_pacing(study):
     assert study._without_pacing(["--max-jobs=2", "--rl-steps", "40"]) == ["--rl-steps", "40"]
     assert study._without_pacing(["--only", "smollm2-bank-s0-*a", "--only=x", "--rl-steps", "40"]) == [
         "--rl-steps", "40"]
+    assert study._without_pacing(["--accept-rebuilt", "--seeds", "0", "1"]) == ["--seeds", "0", "1"]
 
 
 def test_only_selects_a_block_with_the_jobs_it_needs_in_plan_order(study):
