@@ -811,7 +811,7 @@ def scoped_report(results: dict[str, dict[str, Any]], seeds: list[int], scopes: 
                       + ", ".join(f"seed {s} ({arm}), paired with that rebuild's own test ({base}: "
                                   f"{metric(scope, base, s, 'test'):.3f}; the recorded (d): "
                                   f"{metric(scope, 'd', s, 'test'):.3f})" for s, arm, base in rebuilt if base != "d")
-                      + ". Its differences against the other RL arms are not paired.", ""]
+                      + ". Their differences against arms trained from the recorded warm start are not paired.", ""]
     lines += template_table(results, seeds, scopes)
     lines += rehearsal_table(results, seeds, scopes)
     lines += curve_table(results, seeds, scopes)
@@ -1060,9 +1060,11 @@ def _without_pacing(args: list[str]) -> list[str]:
 
 
 PORTABLE_NUMERICS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT"}
-"""CPU arithmetic pinned to AVX2 kernels (torch's own and MKL's), whatever the processor offers beyond: a warm start
-trained again in a later session, on another x86 CPU, then gets the same weights (same torch, thread count and
-seed). Measured on an AVX-512 machine: no slower than its native kernels for SmolLM2-shaped training steps."""
+"""CPU arithmetic pinned to AVX2 kernels (torch's own and MKL's, whose conditional numerical reproducibility promises
+the same results on every processor with AVX2), whatever the processor offers beyond: a warm start trained again in
+a later session, on another x86 CPU, should then get the same weights (same torch, thread count and seed); not yet
+seen on two machines, so the fingerprint check still guards it. Measured on an AVX-512 machine: no slower than its
+native kernels for SmolLM2-width training steps."""
 
 
 def portable_numerics(cpuinfo: str = "/proc/cpuinfo") -> None:
