@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections import OrderedDict
 from dataclasses import replace
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from transformers import PreTrainedTokenizerBase
 
@@ -23,6 +25,8 @@ from envace.roles.rehearse import format_result
 from envace.types import Episode, Role, Sample, Task, ToolCall
 from envace.worlds.base import ToolRequest
 from envace.worlds.rehearse import RehearseWorld
+
+T = TypeVar("T")
 
 
 def _normalise(content: str) -> str:
@@ -74,6 +78,22 @@ def warn_long_responses(tasks: list[Task], tokenizer: PreTrainedTokenizerBase, m
     return long
 
 
+ROW_CACHE_TASKS = 1024
+"""Tasks whose rows ``AlignmentRows`` and ``DemonstrationRows`` keep rendered (least recently used dropped first): a
+pass over a large task file then re-renders a task instead of keeping every row of every task for the whole run."""
+
+
+def _cached(cache: OrderedDict[str, T], key: str, make: Callable[[], T]) -> T:
+    """``cache[key]``, made on a miss; the cache keeps its ``ROW_CACHE_TASKS`` most recently used entries."""
+    if key in cache:
+        cache.move_to_end(key)
+        return cache[key]
+    value = cache[key] = make()
+    while len(cache) > ROW_CACHE_TASKS:
+        cache.popitem(last=False)
+    return value
+
+
 class AlignmentRows:
     """Builds (and caches) the alignment rows of tasks.
 
@@ -93,7 +113,7 @@ class AlignmentRows:
         self.tokenizer = tokenizer
         self.prompter = prompter
         self.max_per_task = max_per_task
-        self._cache: dict[str, list[Sample]] = {}
+        self._cache: OrderedDict[str, list[Sample]] = OrderedDict()
 
     def rows(self, tasks: list[Task]) -> list[Sample]:
         """Alignment rows of ``tasks``; ``group_index`` is the task's position in ``tasks``."""
@@ -128,12 +148,13 @@ class AlignmentRows:
         return out
 
     def _task_rows(self, task: Task) -> list[Sample]:
-        if task.id not in self._cache:
+        def make() -> list[Sample]:
             steps = reference_steps(task)[: self.max_per_task]
             reasoning = reference_reasoning(task) if self.prompter.think else [""] * len(steps)
-            self._cache[task.id] = [self._row(task, call, content, history, why)
-                                    for (call, content, history), why in zip(steps, reasoning)]
-        return self._cache[task.id]
+            return [self._row(task, call, content, history, why)
+                    for (call, content, history), why in zip(steps, reasoning)]
+
+        return _cached(self._cache, task.id, make)
 
     def _row(self, task: Task, call: ToolCall, content: str, history: list[dict[str, Any]],
              reasoning: str = "") -> Sample:
@@ -165,7 +186,7 @@ class DemonstrationRows:
     def __init__(self, tokenizer: PreTrainedTokenizerBase, teacher_forced: bool = False) -> None:
         self.tokenizer = tokenizer
         self.teacher_forced = teacher_forced
-        self._cache: dict[str, Sample] = {}
+        self._cache: OrderedDict[str, Sample] = OrderedDict()
 
     def rows(self, tasks: list[Task]) -> list[Sample]:
         """One row per task with a reference; ``group_index`` is the task's position in ``tasks``.
@@ -177,9 +198,8 @@ class DemonstrationRows:
         for group, task in enumerate(tasks):
             if not task.reference:
                 continue
-            if task.id not in self._cache:
-                self._cache[task.id] = self._row(task)
-            out.append(replace(self._cache[task.id], group_index=group))
+            row = _cached(self._cache, task.id, lambda task=task: self._row(task))  # type: ignore[misc]
+            out.append(replace(row, group_index=group))
         return out
 
     def _row(self, task: Task) -> Sample:

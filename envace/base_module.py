@@ -16,6 +16,7 @@ from envace.alignment import warn_long_responses
 from envace.data.datamodule import RolloutDataModule
 from envace.evaluation import PolicyEvaluator
 from envace.export import save_policy
+from envace.memory import GIB, Workload, available_memory, check_fits, estimate
 from envace.types import Task
 from envace.worlds.rehearse import check_rehearse_format
 
@@ -35,6 +36,7 @@ class PolicyModule(L.LightningModule):
     export_best: str | None = None
     best: tuple[float, dict[str, Tensor]] | None = None
     evaluator: PolicyEvaluator | None  # set by subclasses (an nn.Module: no class-level default, it would shadow it)
+    memory_limit_gb: float | None = None
 
     def configure_export(self, export_dir: str | None, export_best: str | None) -> None:
         """Where to export the policy at the end of ``fit``, and which weights.
@@ -110,6 +112,22 @@ class PolicyModule(L.LightningModule):
             train = getattr(self.trainer.datamodule, "tasks", {}).get("train") or []
             prompter = getattr(self, "prompter", None)
             warn_long_responses(train, self.tokenizer, budget, think=bool(getattr(prompter, "think", False)))
+
+    def check_memory(self, work: Workload) -> None:
+        """Before the first step: stop with one line naming the key to lower when the estimated peak does not fit.
+
+        The estimate (``envace.memory.estimate``) is checked against ``memory_limit_gb`` when set, else against the
+        memory this rank has (the GPU's, or the machine's that other processes leave free); ``memory_limit_gb: 0``
+        skips the check.
+        """
+        if self.memory_limit_gb == 0 or self.model is None:
+            return
+        limit = self.memory_limit_gb
+        available = int(limit * GIB) if limit is not None else available_memory(self.device)
+        mixed = str(self.trainer.precision).endswith("-mixed") if self._trainer is not None else False
+        estimated = estimate(self.model, work, mixed=mixed, reference=getattr(self, "reference", None))
+        rank_zero_info(f"memory: estimated peak {estimated.summary()}, {available / GIB:.1f} GiB available")
+        check_fits(estimated, available, f"{type(self).__name__} on {self.device}")
 
     def rehearse_budget(self) -> int | None:
         """Most tokens one rehearsed tool response may take (``rollout.rehearse_max_new_tokens``); None: no rehearsal.

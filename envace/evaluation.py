@@ -21,12 +21,12 @@ from typing import Any
 import lightning as L
 import torch
 from torch import nn
-from torchmetrics import MeanMetric, MetricCollection
+from torchmetrics import MeanMetric, MetricCollection, SumMetric
 
 from envace.audit import replay, sim_to_real
 from envace.distributed import chain_contexts, full_params_context
 from envace.fidelity import RehearsalFidelity, reference_probes, rehearse_probes
-from envace.metrics import ROLLOUT_METRICS, rollout_metrics
+from envace.metrics import COUNT_METRICS, ROLLOUT_METRICS, rollout_metrics
 from envace.policy.hf import adapter_context
 from envace.private_rehearsal import PrivateRehearsal, Selector
 from envace.rewards.base import Reward
@@ -134,7 +134,7 @@ def policy_engine(module: L.LightningModule, model: nn.Module, tokenizer: Any, r
         engine = shared_vllm_engine(module, model, tokenizer, rollout)
         return engine.adapter(adapter) if adapter else engine
     if rollout.engine == "cached":
-        return CachedEngine(model, cache_entries=rollout.cache_entries, **common)
+        return CachedEngine(model, cache_entries=rollout.cache_entries, cache_tokens=rollout.cache_tokens, **common)
     return HFEngine(model, **common)
 
 
@@ -233,7 +233,8 @@ class PolicyEvaluator(nn.Module):
         self.rollout = replace(rollout, act_temperature=0.0, rehearse_temperature=0.0)
         self.with_fidelity, self.with_imagined = fidelity, imagined
         self.means = nn.ModuleDict(
-            {split: MetricCollection({k: MeanMetric() for k in ROLLOUT_METRICS}) for split in SPLITS}
+            {split: MetricCollection({k: SumMetric() if k in COUNT_METRICS else MeanMetric() for k in ROLLOUT_METRICS})
+             for split in SPLITS}
         )
         self.imagined = nn.ModuleDict({split: MeanMetric() for split in SPLITS})
         self.replayed = nn.ModuleDict(
@@ -262,7 +263,10 @@ class PolicyEvaluator(nn.Module):
                 self.grouped.update(episodes)
             means = self.means[prefix]
             for key, value in rollout_metrics(episodes).items():
-                means[key].update(torch.tensor(value), weight=len(episodes))  # weight 0 on an empty batch
+                if key in COUNT_METRICS:  # a count: summed over the batches and ranks
+                    means[key].update(torch.tensor(value))
+                else:
+                    means[key].update(torch.tensor(value), weight=len(episodes))  # weight 0 on an empty batch
                 module.log(f"{prefix}/{key}", means[key], on_step=False, on_epoch=True)
             if self.with_imagined:
                 imagined = EpisodeRunner(tokenizer, self.rollout).run(tasks, indices, act, self.prompter, rehearse,

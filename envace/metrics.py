@@ -26,6 +26,12 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
+COUNT_METRICS = frozenset({"tokens_act", "tokens_rehearse", "real_calls", "real_calls_saved", "user_failures",
+                           "private_real_calls", "failed_episodes", "tool_timeouts"})
+"""Keys of ``rollout_metrics`` that count things in a batch: an evaluation sums them over its batches and ranks (a
+256-task test that made 456 real calls logs 456), where the other keys are means weighted by the episodes."""
+
+
 def rollout_metrics(episodes: list[Episode]) -> dict[str, float]:
     """Aggregate counters of one batch of episodes, keyed by metric name (role suffix ``_act`` / ``_rehearse``).
 

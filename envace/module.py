@@ -37,6 +37,7 @@ from envace.losses.aggregation import TokenAggregator, TokenMean, role_weights
 from envace.losses.engine_gap import engine_correction
 from envace.losses.objective import LossWeights, envace_objective
 from envace.losses.policy import ClippedPolicyLoss
+from envace.memory import Workload
 from envace.metrics import failure_causes, rollout_metrics
 from envace.policy.chat import check_chat_template
 from envace.policy.hf import Policy, adapter_context
@@ -50,7 +51,7 @@ from envace.rollout.collate import RolloutBatch, collate, role_rows
 from envace.rollout.runner import EpisodeRunner, RolloutConfig
 from envace.scoring import score_episodes
 from envace.types import Episode, Role, Sample, Task
-from envace.update import GRPOConfig, by_tokens, mean_stats, pack_rows, sum_heads
+from envace.update import GRPOConfig, mean_stats, micro_batches, sum_heads
 from envace.users import ModelUser
 from envace.worlds.base import World
 from envace.worlds.rehearse import RehearseWorld, alignment_prompter
@@ -59,6 +60,9 @@ log = logging.getLogger(__name__)
 
 NONFINITE_CHECKS = ("loss_act", "loss_rehearse", "loss_align", "loss_imitate", "kl", "loss")
 """The objective's heads (and total) whose finiteness an optimiser step checks, besides the gradient."""
+
+RATE_STATS = ("clip_frac", "dual_clip_frac", "approx_kl")
+"""Per-role token rates of the objective, reduced over micro-batches weighted by their tokens (``sum_heads``)."""
 
 
 class EnvACEModule(PolicyModule):
@@ -109,6 +113,9 @@ class EnvACEModule(PolicyModule):
         test_group_by: under ``envace test``, also log success per value of this key of the tasks' ``metadata``:
             ``test/success_act/KEY=VALUE`` and ``test/tasks/KEY=VALUE`` (tasks without the key: ``KEY=none``;
             docs/task-format.md). None logs the overall success only.
+        memory_limit_gb: before the first step, the run's estimated peak memory (``envace.memory``) must fit in
+            this many GiB, or it stops with one line naming the key to lower; None: the memory this machine (or GPU)
+            has; 0: no check.
     """
 
     def __init__(
@@ -137,8 +144,12 @@ class EnvACEModule(PolicyModule):
         test_rehearsal: PrivateRehearsal | None = None,
         rehearsal_selector: Selector | None = None,
         test_group_by: str | None = None,
+        memory_limit_gb: float | None = None,
     ) -> None:
         super().__init__()
+        if memory_limit_gb is not None and memory_limit_gb < 0:
+            raise ValueError(f"memory_limit_gb must be >= 0 or null, got {memory_limit_gb}")
+        self.memory_limit_gb = memory_limit_gb
         if grpo.tis_cap is not None and rollout.engine != "vllm":
             raise ValueError("grpo.tis_cap corrects for a separate rollout engine's log-probs: it needs "
                              f"rollout.engine: vllm, not {rollout.engine!r}")
@@ -444,6 +455,7 @@ class EnvACEModule(PolicyModule):
         super().on_fit_start()
         datamodule = self.trainer.datamodule
         train = getattr(datamodule, "tasks", {}).get("train") or []
+        self.check_memory(self._workload())
         # every rank declares the same tools, in the same order: each metric's compute is a collective
         self.quality.live.declare(sorted({spec["function"]["name"] for task in train for spec in task.tools}))
         if self.fidelity_gate is None:
@@ -502,6 +514,23 @@ class EnvACEModule(PolicyModule):
         torch.distributed.all_gather_object(states, mine)
         return states
 
+    def _workload(self) -> Workload:
+        """The token sizes of this run's peak, bounded from the config (the rows depend on what is sampled).
+
+        A micro-batch holds up to ``grpo.micro_batch_tokens`` padded tokens, or one row of up to
+        ``rollout.max_context_tokens``; without a budget, ``grpo.micro_batch_size`` such rows. Half its positions are
+        taken as scored (generated). The engine generates a step's episodes (or an evaluation batch) at once.
+        """
+        g, r = self.grpo, self.rollout
+        tokens = max(g.micro_batch_tokens, r.max_context_tokens) if g.micro_batch_tokens else (
+            g.micro_batch_size * r.max_context_tokens)
+        datamodule = self.trainer.datamodule
+        episodes = getattr(datamodule, "batch_size", 1) * g.group_size
+        rows = min(max(episodes, getattr(datamodule, "eval_batch_size", 0)), r.generate_batch_size)
+        return Workload(tokens, tokens // 2, rows if r.engine != "vllm" else 0, r.max_context_tokens,
+                        r.cache_tokens if r.engine == "cached" else 0, budget_key="model.grpo.micro_batch_tokens",
+                        generation_key="data.batch_size (or rollout.generate_batch_size)")
+
     def _budget_spent(self) -> bool:
         """``trainer.max_steps`` counts optimiser steps; stop mid-rollout rather than overshoot it."""
         max_steps = self.trainer.max_steps
@@ -552,28 +581,37 @@ class EnvACEModule(PolicyModule):
             self.manual_backward(logits.sum() * 0.0)
 
     def _micro_batches(self, batch: RolloutBatch, rows: Tensor) -> Iterator[Tensor]:
-        """Split ``rows`` into micro-batches of similar length (less padding).
-
-        Each holds at most ``micro_batch_size`` rows and ``micro_batch_tokens`` padded tokens; with role adapters
-        each micro-batch holds one role only, and so with ``grpo.share_prefix`` (rows of one role share a prompt),
-        whose rows are then ordered by their token ids, so that rows sharing a prefix meet in one micro-batch.
-        """
-        groups = [rows]
-        if self.role_adapters or self.grpo.share_prefix:
-            roles = batch.row_role[rows]
-            groups = [rows[roles == int(r)] for r in (Role.ACT, Role.REHEARSE)]
-        lengths = batch.attention_mask.sum(-1)  # [N]
-        for group in groups:
-            if self.grpo.share_prefix:  # rows that share a prefix side by side (token_logps groups them)
-                group = group[by_tokens(batch.input_ids[group], lengths[group])]
-            else:
-                group = group[torch.argsort(lengths[group], descending=True, stable=True)]
-            sizes = lengths[group].tolist()
-            yield from pack_rows(group, sizes, self.grpo.micro_batch_size, self.grpo.micro_batch_tokens)
+        """``envace.update.micro_batches`` under ``grpo``'s caps; one role per micro-batch with role adapters."""
+        g = self.grpo
+        return micro_batches(batch, rows, g.micro_batch_size, g.micro_batch_tokens, by_role=bool(self.role_adapters),
+                             share_prefix=g.share_prefix)
 
     def _optimise(self, mb: RolloutBatch) -> dict[str, Tensor]:
         """One optimiser step on a mini-batch, accumulating gradients over its micro-batches."""
         optimizer = self.optimizers()
+        stats = self._accumulate(mb)
+        nonfinite = self._nonfinite(stats, optimizer)
+        if nonfinite:  # skipped on every rank (the flags are reduced): no rank steps while another skips
+            optimizer.zero_grad(set_to_none=True)
+            self._skip_nonfinite(nonfinite)
+            return {}
+        self._nonfinite_streak = 0
+        if self.grpo.grad_clip > 0:
+            self.clip_gradients(optimizer, gradient_clip_val=self.grpo.grad_clip, gradient_clip_algorithm="norm")
+        optimizer.step()
+        scheduler = self.lr_schedulers()
+        if scheduler is not None:
+            scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        return sum_heads(stats)
+
+    def _accumulate(self, mb: RolloutBatch) -> list[dict[str, Tensor]]:
+        """Forward and backward every micro-batch of a mini-batch; the gradients add up to the mini-batch's.
+
+        Each head's aggregation weights are computed once on the whole mini-batch and sliced per micro-batch, so the
+        accumulated loss and gradients equal the single-batch ones (up to float rounding) whatever the token budget.
+        Returns each micro-batch's statistics.
+        """
         weights = {
             "act": role_weights(self.aggregation, mb.loss_mask, role_rows(mb, Role.ACT)),
             "rehearse": role_weights(self.aggregation, mb.loss_mask, role_rows(mb, Role.REHEARSE)),
@@ -592,20 +630,7 @@ class EnvACEModule(PolicyModule):
             stats.append(micro_stats)
         for _ in range(passes - len(micro_batches)):
             self._join_peers(self.model, backward=True)
-        nonfinite = self._nonfinite(stats, optimizer)
-        if nonfinite:  # skipped on every rank (the flags are reduced): no rank steps while another skips
-            optimizer.zero_grad(set_to_none=True)
-            self._skip_nonfinite(nonfinite)
-            return {}
-        self._nonfinite_streak = 0
-        if self.grpo.grad_clip > 0:
-            self.clip_gradients(optimizer, gradient_clip_val=self.grpo.grad_clip, gradient_clip_algorithm="norm")
-        optimizer.step()
-        scheduler = self.lr_schedulers()
-        if scheduler is not None:
-            scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        return sum_heads(stats)
+        return stats
 
     def _nonfinite(self, stats: list[dict[str, Tensor]], optimizer: Any) -> list[str]:
         """The loss heads (``NONFINITE_CHECKS``) and ``grad_norm`` that are not finite on some rank; [] if none.
@@ -662,6 +687,10 @@ class EnvACEModule(PolicyModule):
             weights_imitate=w["imitate"],
         )
         stats.update(gap)
+        for name, role in (("act", Role.ACT), ("rehearse", Role.REHEARSE)):  # rates as [sum, count]: token-weighted
+            count = (micro.loss_mask * role_rows(micro, role).float()[:, None]).sum()
+            for key in RATE_STATS:
+                stats[f"{key}_{name}"] = torch.stack([stats[f"{key}_{name}"] * count, count])
         if entropy is not None:
             for name, role in (("act", Role.ACT), ("rehearse", Role.REHEARSE)):
                 mask = micro.loss_mask * role_rows(micro, role).float()[:, None]

@@ -19,7 +19,8 @@ import lightning as L
 logger = logging.getLogger("envace.progress")
 
 DEFAULT_METRICS = (
-    "train/success_act", "train/loss_act", "train/loss_rehearse", "train/loss", "val/success_act",
+    "train/success_act", "train/loss_act", "train/loss_rehearse", "train/loss", "train/sft_loss_act",
+    "train/sft_loss_rehearse", "val/success_act",
 )
 """Metrics shown when logged (the first ``max_metrics`` of them that the run has)."""
 

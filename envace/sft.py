@@ -4,6 +4,11 @@ Act rows are the chat-template render of each task's messages plus its reference
 assistant tokens (the template's ``{% generation %}`` mask). Rehearse rows are the alignment rows: the rehearse
 prompt of each recorded call followed by its recorded real response. Plain next-token cross-entropy.
 
+Rows are packed into micro-batches under a padded-token budget (``micro_batch_tokens``, ``envace.update``); each
+micro-batch's forward and backward run in turn, gradients accumulate, and the optimiser steps once per training step.
+Each head's token mean is normalised by the whole step's token count, so the loss and gradients do not depend on
+the budget (beyond float rounding), while peak memory does not grow with the batch size or the rows per task.
+
 Validation always reports the teacher-forced cross-entropy; with an ``eval_world`` it also runs the policy greedily
 on the validation tasks (real success, rehearsal fidelity), so that Lightning's ``EarlyStopping`` can stop the warm
 start when its real success plateaus, and ``export_best`` exports the best weights rather than the last.
@@ -21,6 +26,7 @@ from envace.alignment import AlignmentRows, DemonstrationRows
 from envace.base_module import PolicyModule
 from envace.evaluation import PolicyEvaluator, policy_engine
 from envace.logprobs import token_logps
+from envace.memory import Workload
 from envace.policy.chat import check_chat_template
 from envace.policy.hf import Policy
 from envace.rewards.base import Reward
@@ -28,6 +34,7 @@ from envace.rewards.task_success import TaskSuccess
 from envace.rollout.collate import RolloutBatch, collate
 from envace.rollout.runner import RolloutConfig
 from envace.types import Role, Task
+from envace.update import DEFAULT_MICRO_BATCH_TOKENS, micro_batches
 from envace.worlds.base import World
 from envace.worlds.rehearse import RehearseWorld
 
@@ -64,10 +71,19 @@ class SFTModule(PolicyModule):
             host memory); needs ``export_dir``.
         test_group_by: under ``envace test``, also log success per value of this key of the tasks' ``metadata``
             (``test/success_act/KEY=VALUE``, ``test/tasks/KEY=VALUE``; docs/task-format.md); needs ``eval_world``.
-        share_prefix: run each role's rows as one forward whose shared prefix (the system prompt and tool schemas,
-            most of a short row) is computed once, when it is at least this many tokens
-            (``envace.logprobs.token_logps``); 0 (the default) runs every row in full. Not with gradient
-            checkpointing.
+        share_prefix: inside each micro-batch (one role per micro-batch), compute the prefix its rows share (the
+            system prompt and tool schemas, most of a short row) once, when it is at least this many tokens
+            (``envace.logprobs.token_logps``); 0 (the default) runs every row in full.
+        micro_batch_tokens: most padded tokens (rows x the longest row) per forward/backward; a step's rows are
+            packed into micro-batches under it and their gradients accumulated, so peak activation memory is set
+            by this key, not by ``data.batch_size`` or the rows per task. 0: one micro-batch per step (every row at
+            once, as large as the batch makes it).
+        micro_batch_size: most rows per micro-batch.
+        memory_limit_gb: before the first step, the run's estimated peak memory (``envace.memory``) must fit in
+            this many GiB, or it stops with one line naming the key to lower; None: the memory this machine (or GPU)
+            has; 0: no check.
+        grad_clip: clip the gradient norm of each optimiser step to this (0: no clipping; ``trainer.gradient_clip_val``
+            does not apply, the module steps its optimiser itself).
     """
 
     def __init__(
@@ -87,11 +103,22 @@ class SFTModule(PolicyModule):
         export_best: str | None = None,
         test_group_by: str | None = None,
         share_prefix: int = 0,
+        micro_batch_tokens: int = DEFAULT_MICRO_BATCH_TOKENS,
+        micro_batch_size: int = 64,
+        grad_clip: float = 0.0,
+        memory_limit_gb: float | None = None,
     ) -> None:
         super().__init__()
-        if share_prefix < 0:
-            raise ValueError(f"share_prefix must be >= 0, got {share_prefix}")
+        for name, value in (("share_prefix", share_prefix), ("micro_batch_tokens", micro_batch_tokens),
+                            ("grad_clip", grad_clip), ("memory_limit_gb", memory_limit_gb or 0)):
+            if value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value}")
+        if micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be at least 1, got {micro_batch_size}")
         self.share_prefix = share_prefix
+        self.micro_batch_tokens, self.micro_batch_size, self.grad_clip = micro_batch_tokens, micro_batch_size, grad_clip
+        self.memory_limit_gb = memory_limit_gb
+        self.automatic_optimization = False  # one optimiser step per training step, over several micro-batches
         if test_group_by is not None and eval_world is None:
             raise ValueError("test_group_by needs eval_world (success is measured by running the policy in it)")
         self.save_hyperparameters()
@@ -128,6 +155,33 @@ class SFTModule(PolicyModule):
         self.alignment = AlignmentRows(self.tokenizer, self.prompter, self.rehearse_max_per_task)
         self.demonstrations = DemonstrationRows(self.tokenizer)
 
+    def on_fit_start(self) -> None:
+        """The base checks, then the memory check on the first step's rows (``memory_limit_gb``)."""
+        super().on_fit_start()
+        self.check_memory(self._workload())
+
+    def _workload(self) -> Workload:
+        """The token sizes of this run's peak, from the rows of the first training batch's tasks.
+
+        With a token budget, a micro-batch may fill it (or hold one row longer than it); without one, a step is one
+        micro-batch of every row. Validation generates ``data.eval_batch_size`` rows at once.
+        """
+        datamodule = self.trainer.datamodule
+        tasks = [t for t in (getattr(datamodule, "tasks", {}).get("train") or []) if t.reference]
+        batch = self.sample_rollouts(tasks[: max(1, getattr(datamodule, "batch_size", 1))]) if tasks else None
+        tokens = scored = 0
+        if batch is not None:
+            lengths = batch.attention_mask.sum(-1)
+            for idx in self._micro_batches(batch):
+                padded = len(idx) * int(lengths[idx].max())
+                fraction = float(batch.loss_mask[idx].sum()) / max(padded, 1)
+                size = max(padded, self.micro_batch_tokens) if self.micro_batch_tokens else padded
+                tokens, scored = max(tokens, size), max(scored, int(size * fraction))
+        rows = min(getattr(datamodule, "eval_batch_size", 0), self.rollout.generate_batch_size)
+        return Workload(tokens, scored, rows if self.evaluator is not None else 0, self.rollout.max_context_tokens,
+                        self.rollout.cache_tokens if self.rollout.engine == "cached" else 0,
+                        budget_key="model.init_args.micro_batch_tokens", generation_key="data.eval_batch_size")
+
     def rehearse_budget(self) -> int | None:
         """The evaluation episodes' rehearse budget (``rollout.rehearse_max_new_tokens``); None without eval_world."""
         return self.rollout.rehearse_max_new_tokens if self.evaluator is not None else None
@@ -144,17 +198,27 @@ class SFTModule(PolicyModule):
         """Move rollout batches; evaluation task lists stay on the host."""
         return batch.to(device) if isinstance(batch, RolloutBatch) else batch
 
-    def training_step(self, batch: RolloutBatch, batch_idx: int) -> Tensor:
-        """Token-mean cross-entropy of each role's target tokens, weighted and summed."""
-        loss, stats = self._loss(batch)
+    def training_step(self, batch: RolloutBatch, batch_idx: int) -> None:
+        """Token-mean cross-entropy of each role's target tokens, weighted and summed; one optimiser step.
+
+        The rows run in micro-batches (``micro_batch_tokens``), each backward adding its share of the step's loss.
+        """
+        optimizer = self.optimizers()
+        _, stats = self._loss(batch, backward=True)
+        if self.grad_clip > 0:
+            self.clip_gradients(optimizer, gradient_clip_val=self.grad_clip, gradient_clip_algorithm="norm")
+        optimizer.step()
+        scheduler = self.lr_schedulers()
+        if scheduler is not None:
+            scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
         self.log_dict({f"train/{k}": v for k, v in stats.items()}, batch_size=len(batch), prog_bar=True)
-        return loss
 
     def _evaluate(self, tasks: list[Task], prefix: str) -> None:
         if any(t.reference for t in tasks):
             batch = self.sample_rollouts(tasks).to(self.device)
             with torch.no_grad():
-                _, stats = self._loss(batch)
+                _, stats = self._loss(batch)  # in micro-batches: memory as in training, without the gradients
             self.log_dict({f"{prefix}/{k}": v for k, v in stats.items()}, batch_size=len(batch), sync_dist=True)
         if self.evaluator is not None:
             assert self.eval_world is not None
@@ -166,26 +230,40 @@ class SFTModule(PolicyModule):
             self.evaluator.evaluate(self, tasks, prefix, self._engine, self._engine, self.tokenizer)
             self.model.train(was_training)
 
-    def _logps(self, batch: RolloutBatch) -> Tensor:
-        """Log-probs of the rows' target tokens: in one forward, or one per role with a shared prefix."""
-        assert self.model is not None
-        if not self.share_prefix:
-            return token_logps(self.model, batch.input_ids, batch.attention_mask, positions=batch.loss_mask)[0]
-        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=batch.input_ids.device)  # [N, T]
-        for role in (Role.ACT, Role.REHEARSE):
-            rows = torch.nonzero(batch.row_role == int(role), as_tuple=True)[0]
-            if rows.numel():
-                part = batch.rows(rows)
-                logps, _ = token_logps(self.model, part.input_ids, part.attention_mask, positions=part.loss_mask,
-                                       share_prefix=self.share_prefix)
-                out[rows, : logps.shape[1]] = logps.float()
-        return out
+    def _micro_batches(self, batch: RolloutBatch) -> list[Tensor]:
+        """The step's rows in micro-batches under ``micro_batch_tokens`` (one role each with ``share_prefix``)."""
+        rows = torch.arange(len(batch), device=batch.input_ids.device)
+        return list(micro_batches(batch, rows, self.micro_batch_size, self.micro_batch_tokens,
+                                  share_prefix=self.share_prefix))
 
-    def _loss(self, batch: RolloutBatch) -> tuple[Tensor, dict[str, Tensor]]:
+    def _loss(self, batch: RolloutBatch, backward: bool = False) -> tuple[Tensor, dict[str, Tensor]]:
+        """The step's loss ``act_weight * NLL_act + rehearse_weight * NLL_rehearse`` and its heads, in micro-batches.
+
+        Each head is a token mean over the whole batch: a micro-batch adds its rows' NLL sum divided by the batch's
+        token count of that head, so the sum over micro-batches is the single-batch value (bit for bit with one
+        micro-batch) and so are the accumulated gradients, up to float rounding. With ``backward`` each micro-batch's
+        share is back-propagated at once (its activations are freed before the next one runs); the returned loss is
+        then detached.
+        """
         assert self.model is not None
-        nll = -self._logps(batch) * batch.loss_mask  # [N, T]
-        act = (batch.row_role == int(Role.ACT)).float()[:, None]  # [N, 1]
-        heads = {"act": (nll * act).sum() / (batch.loss_mask * act).sum().clamp(min=1.0)}
-        heads["rehearse"] = (nll * (1 - act)).sum() / (batch.loss_mask * (1 - act)).sum().clamp(min=1.0)
+        act_rows = batch.row_role == int(Role.ACT)  # [N]
+        counts = {"act": (batch.loss_mask * act_rows[:, None]).sum().clamp(min=1.0),
+                  "rehearse": (batch.loss_mask * ~act_rows[:, None]).sum().clamp(min=1.0)}
+        heads: dict[str, Tensor] = {}
+        for idx in self._micro_batches(batch):
+            micro = batch.rows(idx)
+            nll = -self._logps(micro) * micro.loss_mask  # [n, t]
+            act = (micro.row_role == int(Role.ACT)).float()[:, None]  # [n, 1]
+            part = {"act": (nll * act).sum() / counts["act"], "rehearse": (nll * (1 - act)).sum() / counts["rehearse"]}
+            if backward:
+                self.manual_backward(self.act_weight * part["act"] + self.rehearse_weight * part["rehearse"])
+                part = {k: v.detach() for k, v in part.items()}
+            heads = {k: heads[k] + v if k in heads else v for k, v in part.items()}
         loss = self.act_weight * heads["act"] + self.rehearse_weight * heads["rehearse"]
         return loss, {"sft_loss": loss.detach(), **{f"sft_loss_{k}": v.detach() for k, v in heads.items()}}
+
+    def _logps(self, micro: RolloutBatch) -> Tensor:
+        """Log-probs of a micro-batch's target tokens (its rows share one role when ``share_prefix`` is on)."""
+        assert self.model is not None
+        return token_logps(self.model, micro.input_ids, micro.attention_mask, positions=micro.loss_mask,
+                           share_prefix=self.share_prefix)[0].float()

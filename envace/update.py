@@ -1,6 +1,9 @@
 """Update settings and mechanics: ``GRPOConfig``, packing rows into micro-batches, reducing statistics.
 
-Pure functions; the LightningModule owns the optimiser and calls these.
+Pure functions; the LightningModules own the optimiser and call these. Every path that trains or scores rows (the
+SFT warm start and its validation loss, the RL update, its old and reference log-probs) packs them with
+``micro_batches``, under a row cap and a padded-token budget: peak activation memory is then set by the budget,
+not by the batch size, the number of rows per task or the length of a task.
 """
 
 from __future__ import annotations
@@ -11,6 +14,13 @@ from typing import Literal
 
 import torch
 from torch import Tensor
+
+from envace.rollout.collate import RolloutBatch
+from envace.types import Role
+
+DEFAULT_MICRO_BATCH_TOKENS = 4096
+"""The default padded-token budget of one forward/backward (``micro_batch_tokens``): see docs/performance.md for the
+peak memory it gives on SmolLM2-135M, and lower it (or raise it) with that one key."""
 
 
 @dataclass
@@ -23,8 +33,10 @@ class GRPOConfig:
         mini_batches: optimiser steps per pass over a rollout batch (its rows are shuffled and split into this many
             parts; every rank makes the same number of steps).
         micro_batch_size: most rows per forward/backward (gradient accumulation inside a mini-batch).
-        micro_batch_tokens: most padded tokens per forward/backward (rows are sorted by length first, so similar
-            lengths share a micro-batch); 0 disables the token budget.
+        micro_batch_tokens: most padded tokens (rows x the longest row) per forward/backward; rows are sorted by
+            length first, so similar lengths share a micro-batch, and a row longer than the budget goes alone. This
+            bounds the update's activation memory whatever the batch size; 0 disables the token budget (then one
+            micro-batch can hold ``micro_batch_size`` rows of any length).
         baseline: ``episode`` (each episode weighs once in its group's mean) or ``row`` (the reference's
             step-weighted mean over all rows).
         scale_by_std: divide advantages by the group's reward std (GRPO) or not (Dr.GRPO, the reference).
@@ -65,7 +77,7 @@ class GRPOConfig:
     ppo_epochs: int = 1
     mini_batches: int = 1
     micro_batch_size: int = 8
-    micro_batch_tokens: int = 0
+    micro_batch_tokens: int = DEFAULT_MICRO_BATCH_TOKENS
     baseline: Literal["episode", "row"] = "episode"
     scale_by_std: bool = False
     act_weight: float = 1.0
@@ -113,6 +125,36 @@ def pack_rows(rows: Tensor, lengths: list[int], max_rows: int, max_tokens: int) 
         start = end
 
 
+def micro_batches(batch: RolloutBatch, rows: Tensor, max_rows: int, max_tokens: int, *, by_role: bool = False,
+                  share_prefix: int = 0) -> Iterator[Tensor]:
+    """Split ``rows`` of ``batch`` into micro-batches under a row cap and a padded-token budget (``pack_rows``).
+
+    Rows are sorted longest first, so rows of similar length share a micro-batch (less padding). With ``by_role``
+    (role adapters) or ``share_prefix``, every micro-batch holds rows of one role only; with ``share_prefix`` they are
+    ordered by their token ids instead, so that rows sharing a prefix meet in one micro-batch
+    (``envace.logprobs.token_logps`` then computes that prefix once).
+
+    Args:
+        batch: the rows' batch.
+        rows: indices of the rows to pack.  # [n]
+        max_rows: most rows per micro-batch.
+        max_tokens: most padded tokens per micro-batch (0: no token budget).
+        by_role: never mix act and rehearse rows in one micro-batch.
+        share_prefix: the shared-prefix threshold of the forward pass (0: off).
+    """
+    groups = [rows]
+    if by_role or share_prefix:
+        roles = batch.row_role[rows]
+        groups = [rows[roles == int(r)] for r in (Role.ACT, Role.REHEARSE)]
+    lengths = batch.attention_mask.sum(-1)  # [N]
+    for group in groups:
+        if share_prefix:  # rows that share a prefix side by side (token_logps groups them)
+            group = group[by_tokens(batch.input_ids[group], lengths[group])]
+        else:
+            group = group[torch.argsort(lengths[group], descending=True, stable=True)]
+        yield from pack_rows(group, lengths[group].tolist(), max_rows, max_tokens)
+
+
 def by_tokens(input_ids: Tensor, lengths: Tensor) -> Tensor:
     """The order of right-padded rows by their real tokens (lexicographic): rows sharing a prefix become neighbours.
 
@@ -127,14 +169,15 @@ def by_tokens(input_ids: Tensor, lengths: Tensor) -> Tensor:
 def sum_heads(stats: list[dict[str, Tensor]]) -> dict[str, Tensor]:
     """Reduce the statistics of one optimiser step's micro-batches.
 
-    Loss heads are sums (their weights were normalised over the whole mini-batch); entropies and engine gaps are
-    token-weighted means (their entries are ``[sum, count]`` pairs); rates are averaged over micro-batches. An empty
-    list (a rank whose mini-batch had no rows) gives an empty dict.
+    Loss heads are sums (their weights were normalised over the whole mini-batch); entropies, engine gaps and
+    per-role rates (clip fractions, approximate KL) are token-weighted means (their entries are ``[sum, count]``
+    pairs), so none depends on how the rows were split; anything else is averaged over micro-batches. An empty list
+    (a rank whose mini-batch had no rows) gives an empty dict.
     """
     out: dict[str, Tensor] = {}
     for key in stats[0] if stats else ():
         values = torch.stack([s[key].float() for s in stats])
-        if key.startswith(("entropy_", "engine_gap_")):
+        if values.dim() == 2:  # [sum, count] pairs
             total = values.sum(0)
             out[key] = total[0] / total[1].clamp(min=1.0)
         elif key.startswith(("loss", "kl")):

@@ -56,13 +56,18 @@ class PrefixStore:
     Args:
         max_entries: most sequences kept; the least recently used one is evicted first.
         block: hash-chain block length; prefixes shorter than one block are not reused.
+        max_tokens: most tokens the kept sequences hold together (their keys and values are the store's memory);
+            least recently used sequences are evicted first, the newest is always kept. 0: no token bound.
     """
 
-    def __init__(self, max_entries: int = 256, block: int = 16) -> None:
-        if max_entries < 1 or block < 1:
-            raise ValueError(f"max_entries and block must be at least 1, got {max_entries} and {block}")
+    def __init__(self, max_entries: int = 256, block: int = 16, max_tokens: int = 0) -> None:
+        if max_entries < 1 or block < 1 or max_tokens < 0:
+            raise ValueError(f"max_entries and block must be at least 1 and max_tokens >= 0, got {max_entries}, "
+                             f"{block} and {max_tokens}")
         self.max_entries = max_entries
+        self.max_tokens = max_tokens
         self.block = block
+        self._tokens = 0
         self._entries: OrderedDict[int, _Entry] = OrderedDict()
         self._index: dict[int, int] = {}
         self._next = 0
@@ -73,7 +78,7 @@ class PrefixStore:
     @property
     def tokens(self) -> int:
         """Tokens held, over all entries."""
-        return sum(len(e.ids) for e in self._entries.values())
+        return self._tokens
 
     def lookup(self, ids: list[int]) -> tuple[KV | None, int, int | None]:
         """The stored keys/values sharing the longest prefix with ``ids``, that prefix's length, and the entry key."""
@@ -102,18 +107,23 @@ class PrefixStore:
         key, self._next = self._next, self._next + 1
         entry = _Entry(ids, kv, _chain(ids, self.block))
         self._entries[key] = entry
+        self._tokens += len(ids)
         for h in entry.hashes:
             self._index[h] = key  # the newest sequence answers a shared prefix
-        while len(self._entries) > self.max_entries:
+        while len(self._entries) > self.max_entries or (
+            self.max_tokens and self._tokens > self.max_tokens and len(self._entries) > 1
+        ):
             self._remove(next(iter(self._entries)))
 
     def clear(self) -> None:
         """Drop every entry."""
         self._entries.clear()
         self._index.clear()
+        self._tokens = 0
 
     def _remove(self, key: int) -> None:
         entry = self._entries.pop(key)
+        self._tokens -= len(entry.ids)
         for h in entry.hashes:
             if self._index.get(h) == key:
                 del self._index[h]
@@ -217,6 +227,7 @@ class CachedEngine(HFEngine):
         adapter_context: optional context-manager factory entered around generation.
         cache_entries: most sequences a session keeps (``PrefixStore.max_entries``); each holds its keys and values,
             ``2 x layers x kv_heads x head_dim`` values per token.
+        cache_tokens: most tokens those sequences hold together (``PrefixStore.max_tokens``; 0: no bound).
         min_reuse: shortest prefix worth reusing, in tokens (also the store's hash block).
     """
 
@@ -230,9 +241,10 @@ class CachedEngine(HFEngine):
         adapter_context: Callable[[], AbstractContextManager[object]] | None = None,
         cache_entries: int = 256,
         min_reuse: int = 16,
+        cache_tokens: int = 0,
     ) -> None:
         super().__init__(model, pad_id, stop_ids, max_batch_size, synced_gpus, adapter_context)
-        self.store = PrefixStore(cache_entries, min_reuse)
+        self.store = PrefixStore(cache_entries, min_reuse, cache_tokens)
         self.reused_tokens = 0  # prompt tokens read from the store instead of being recomputed
         self.prefilled_tokens = 0  # prompt tokens computed
         self._sessions = 0

@@ -69,6 +69,9 @@ class RolloutConfig:
             before each rollout that follows an optimiser step (docs/performance.md).
         cache_entries: with the cached engine, most sequences a rollout keeps for reuse (least recently used
             evicted); each costs its keys and values (``2 x layers x kv_heads x head_dim`` values per token).
+        cache_tokens: with the cached engine, most tokens those sequences hold together (least recently used
+            evicted first): the bound on the store's memory whatever the batch or the sequences' length
+            (``envace.memory`` counts it in the peak estimate). 0: no token bound (``cache_entries`` alone).
         on_rerender: what happens when the chat template rewrites text already in the act row as a message is
             added (Qwen3 drops the reasoning of turns before the last user message): ``new_row`` (the EnvACE
             authors' behaviour) closes the row and starts the next generation in a new row from the re-rendered
@@ -98,6 +101,7 @@ class RolloutConfig:
     validate_calls: bool = True
     engine: Literal["cached", "hf", "vllm"] = "cached"
     cache_entries: int = 256
+    cache_tokens: int = 65536
     on_rerender: RerenderPolicy = "new_row"
     vllm: VLLMOptions = field(default_factory=VLLMOptions)
     continuous: bool = True
@@ -107,6 +111,8 @@ class RolloutConfig:
             raise ValueError(f"rollout.engine must be 'cached', 'hf' or 'vllm', got {self.engine!r}")
         if self.cache_entries < 1:
             raise ValueError(f"rollout.cache_entries must be at least 1, got {self.cache_entries}")
+        if self.cache_tokens < 0:
+            raise ValueError(f"rollout.cache_tokens must be >= 0, got {self.cache_tokens}")
         if self.on_rerender not in ("new_row", "error"):
             raise ValueError(f"rollout.on_rerender must be 'new_row' or 'error', got {self.on_rerender!r}")
 

@@ -151,6 +151,21 @@ def test_prefix_store_evicts_the_least_recently_used_and_verifies_hash_matches()
     assert len(store) == 0 and store.tokens == 0
 
 
+def test_prefix_store_keeps_its_tokens_under_the_token_bound() -> None:
+    store = PrefixStore(max_entries=100, block=4, max_tokens=20)
+    rows = [[i] * 8 for i in range(1, 6)]
+    for row in rows[:2]:
+        store.add(row, _kv(8))
+    assert store.tokens == 16 and len(store) == 2
+    store.lookup(rows[0])  # row 0 used: row 1 is the least recently used
+    store.add(rows[2], _kv(8))  # 24 tokens > 20: row 1 goes
+    assert store.tokens == 16 and store.lookup(rows[1])[1] == 0 and store.lookup(rows[0])[1] == 8
+    store.add([9] * 30, _kv(30))  # longer than the bound alone: kept, everything older goes
+    assert len(store) == 1 and store.tokens == 30
+    with pytest.raises(ValueError, match="max_tokens"):
+        PrefixStore(max_tokens=-1)
+
+
 def test_sliding_window_models_fall_back_to_generate(tiny_tokenizer) -> None:
     cfg = MistralConfig(vocab_size=len(tiny_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                         num_attention_heads=2, num_key_value_heads=1, sliding_window=8,

@@ -1,0 +1,209 @@
+"""Peak memory of SmolLM2 training steps: SFT and RL, three task sets, two batch sizes, the token budget on and off.
+
+Each case is a fresh ``envace fit`` process (``--child``), so its peak resident memory (``ru_maxrss``; on CUDA the
+peak allocation) is its own. A case runs a few optimiser steps of a config at its defaults, with only the task set,
+the batch size and the token budget changed; the step time is the median of the steps after the first.
+
+- ``sft``: ``lit_configs/smollm2_sft.yaml`` from the prepared SmolLM2-135M-Instruct (no validation);
+- ``rl``: ``lit_configs/smollm2_rl.yaml`` from the same (untrained) model, acting and rehearsing (no validation,
+  no fidelity gate);
+- task sets: ``bank`` and ``desk`` (built in) and ``long``: bank tasks whose recorded tool responses carry a long
+  statement (about 600 tokens each), the shape of a user's world with verbose tools;
+- ``budget=off`` is the path before the token budget (``micro_batch_tokens=0``): today's step time, measured in the
+  same run as the default's, on the same machine;
+- growth: one SFT run of ``--growth-steps`` steps (bank, batch 4, validation and ``export_best`` host copies
+  included), its resident memory read after every step; the growth is the last reading minus the reading after the
+  first tenth of the run.
+
+Run on an idle machine, one job at a time (``uptime`` first)::
+
+    OMP_NUM_THREADS=2 .venv/bin/python benchmarks/memory.py                  # every case, about an hour on 2 cores
+    OMP_NUM_THREADS=2 .venv/bin/python benchmarks/memory.py --sets bank --stages sft --batches 4 16 --growth-steps 0
+
+The last line is ``SUMMARY sft_peak_gb=... rl_peak_gb=... peak_ratio_batch16_over_batch4=...
+growth_gb_per_100_steps=... step_time_ratio=...`` (the largest peaks at the defaults over the sets, the largest
+batch-16 / batch-4 ratio, the growth scaled to 100 steps, and the default's step time over the budget-off one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = ROOT / "models" / "smollm2-135m-instruct"
+CONFIGS = {"sft": "lit_configs/smollm2_sft.yaml", "rl": "lit_configs/smollm2_rl.yaml"}
+BUDGET_KEY = {"sft": "--model.init_args.micro_batch_tokens", "rl": "--model.grpo.micro_batch_tokens"}
+GIB = 1024**3
+
+
+def long_tasks(path: Path, n: int = 600) -> str:
+    """Bank tasks whose recorded tool responses carry a statement of 30 transactions; the JSONL file's path."""
+    from envace.builtin import DOMAINS
+    from envace.builtin.generator import generate_split, render_tasks
+
+    domain = DOMAINS["bank"]
+    tasks = []
+    for task in generate_split(domain, "train", n):
+        reference = []
+        for message in task.reference:
+            if message.get("role") == "tool":
+                content = json.loads(message["content"])
+                content["statement"] = [{"date": f"2026-11-{1 + i % 28:02d}", "description": f"card payment {i}",
+                                         "amount": -(i * 7 % 90 + 1)} for i in range(30)]
+                message = {**message, "content": json.dumps(content)}
+            reference.append(message)
+        tasks.append(replace(task, reference=tuple(reference)))
+    path.write_text(render_tasks(domain, tasks))
+    return str(path)
+
+
+def task_args(stage: str, name: str, work: Path) -> list[str]:
+    if name == "long":
+        spec = long_tasks(work / "long.jsonl")
+        return [f"--data.train_tasks={spec}"] + (["--data.demonstrations=600"] if stage == "rl" else [])
+    if name == "desk":
+        n = "500" if stage == "sft" else "2000"
+        return [f"--data.train_tasks=builtin:desk:{n}"]
+    return []
+
+
+def case_args(stage: str, task_set: str, batch: int, budget: str, steps: int, root: Path) -> list[str]:
+    args = ["fit", "--config", CONFIGS[stage], f"--trainer.default_root_dir={root}", f"--trainer.max_steps={steps}",
+            "--trainer.limit_val_batches=0", "--trainer.enable_checkpointing=false", "--trainer.logger=false",
+            f"--data.batch_size={batch}"]
+    if stage == "sft":
+        args += [f"--model.init_args.policy.init_args.name_or_path={MODEL}", "--model.init_args.export_dir=null",
+                 "--model.init_args.export_best=null"]
+    else:
+        args += [f"--model.policy.init_args.name_or_path={MODEL}", "--model.export_dir=null",
+                 "--model.fidelity_gate=null"]
+    if budget != "default":
+        args.append(f"{BUDGET_KEY[stage]}={budget}")
+    return args + task_args(stage, task_set, root)
+
+
+def child(args: list[str], rss_every_step: bool) -> None:
+    """Run ``envace`` in this process; print the step times, the RSS per step and the peak as one JSON line."""
+    import lightning as L
+    import torch
+
+    from envace.cli import cli_main
+
+    times: list[float] = []
+    rss: list[float] = []
+
+    class Clock(L.Callback):
+        def on_train_batch_start(self, *_: Any) -> None:
+            self.start = time.perf_counter()
+
+        def on_train_batch_end(self, *_: Any) -> None:
+            times.append(time.perf_counter() - self.start)
+            if rss_every_step:
+                pages = int(Path("/proc/self/statm").read_text().split()[1])
+                rss.append(pages * os.sysconf("SC_PAGE_SIZE") / GIB)
+
+    original = L.Trainer.__init__
+
+    def with_clock(self: L.Trainer, *a: Any, callbacks: Any = None, **kw: Any) -> None:
+        original(self, *a, callbacks=[*(callbacks or []), Clock()], **kw)
+
+    L.Trainer.__init__ = with_clock  # type: ignore[method-assign]
+    sys.argv = ["envace"]
+    cli_main(args)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB
+    if torch.cuda.is_available():
+        peak = torch.cuda.max_memory_allocated() / GIB
+    print("RESULT " + json.dumps({"times": times, "rss": rss, "peak_gb": peak}), flush=True)
+
+
+def run_case(args: list[str], rss_every_step: bool = False) -> dict[str, Any]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    cmd = [sys.executable, __file__, "--child", json.dumps(args)] + (["--rss"] if rss_every_step else [])
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode or not lines:
+        raise RuntimeError(f"case failed ({proc.returncode}): {' '.join(args)}\n{proc.stderr[-3000:]}")
+    return json.loads(lines[-1].removeprefix("RESULT "))
+
+
+def median_step(times: list[float]) -> float:
+    return statistics.median(times[1:] if len(times) > 1 else times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--stages", nargs="+", default=["sft", "rl"], choices=["sft", "rl"])
+    parser.add_argument("--sets", nargs="+", default=["bank", "desk", "long"], choices=["bank", "desk", "long"])
+    parser.add_argument("--batches", nargs=2, type=int, default=[4, 16], help="the two batch sizes compared")
+    parser.add_argument("--steps", type=int, default=3, help="optimiser steps per case")
+    parser.add_argument("--growth-steps", type=int, default=100, help="steps of the growth run (0: none)")
+    parser.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=True,
+                        help="also run the smaller batch with the budget off (today's path) for the step time")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--rss", action="store_true", help=argparse.SUPPRESS)
+    opts = parser.parse_args()
+    if opts.child:
+        child(json.loads(opts.child), opts.rss)
+        return
+    if not MODEL.is_dir():
+        raise SystemExit(f"{MODEL}: run `envace prepare-model smollm2-135m-instruct` first")
+    small, large = opts.batches
+    rows: list[tuple[str, str, int, str, float, float]] = []
+    peaks: dict[tuple[str, str, int, str], float] = {}
+    step_ratio: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="envace-memory-") as tmp:
+        for stage in opts.stages:
+            for task_set in opts.sets:
+                budgets = [(small, "default"), (large, "default")] + ([(small, "0")] if opts.baseline else [])
+                times = {}
+                for batch, budget in budgets:
+                    root = Path(tmp, f"{stage}-{task_set}-{batch}-{budget}")
+                    result = run_case(case_args(stage, task_set, batch, budget, opts.steps, root))
+                    step = median_step(result["times"])
+                    times[(batch, budget)] = step
+                    peaks[(stage, task_set, batch, budget)] = result["peak_gb"]
+                    rows.append((stage, task_set, batch, "off" if budget == "0" else "default", result["peak_gb"],
+                                 step))
+                    print(f"{stage} {task_set} batch {batch} budget {budget}: peak {result['peak_gb']:.2f} GiB, "
+                          f"step {step:.1f} s", flush=True)
+                if opts.baseline:
+                    step_ratio.append(times[(small, "default")] / times[(small, "0")])
+        growth = float("nan")
+        if opts.growth_steps:
+            root = Path(tmp, "growth")
+            args = case_args("sft", "bank", small, "default", opts.growth_steps, root)
+            args += ["--trainer.limit_val_batches=1", f"--trainer.val_check_interval={max(1, opts.growth_steps // 4)}",
+                     "--data.eval_batch_size=8", "--model.init_args.export_best=val/success_act",
+                     f"--model.init_args.export_dir={root}/policy"]
+            rss = run_case(args, rss_every_step=True)["rss"]
+            first = rss[max(0, len(rss) // 10 - 1)]
+            growth = (rss[-1] - first) * 100 / max(1, len(rss) - len(rss) // 10)
+            print(f"growth: {rss[0]:.2f} GiB after step 1, {first:.2f} after step {len(rss) // 10}, "
+                  f"{rss[-1]:.2f} after step {len(rss)}", flush=True)
+    print("\n| stage | tasks | batch | budget | peak GiB | step s |\n|---|---|---|---|---|---|")
+    for stage, task_set, batch, budget, peak, step in rows:
+        print(f"| {stage} | {task_set} | {batch} | {budget} | {peak:.2f} | {step:.1f} |")
+    default = {k: v for k, v in peaks.items() if k[3] == "default"}
+    sft = max((v for k, v in default.items() if k[0] == "sft"), default=float("nan"))
+    rl = max((v for k, v in default.items() if k[0] == "rl"), default=float("nan"))
+    ratios = [default[(s, t, large, "default")] / default[(s, t, small, "default")]
+              for (s, t, b, _) in default if b == small and (s, t, large, "default") in default]
+    ratio = max(ratios, default=float("nan"))
+    steps = max(step_ratio, default=float("nan"))
+    print(f"SUMMARY sft_peak_gb={sft:.2f} rl_peak_gb={rl:.2f} peak_ratio_batch16_over_batch4={ratio:.3f} "
+          f"growth_gb_per_100_steps={growth:.3f} step_time_ratio={steps:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,236 @@
+"""Peak memory of a training run, estimated before its first step and checked against the memory the run has.
+
+A run that does not fit should stop in its first second with one line naming the key to lower, not be killed by the
+kernel minutes in. The estimate adds what one rank holds at its peak:
+
+- the weights (and, under bf16/fp16 autocast, the low-precision copies autocast keeps of them during a step),
+  gradients and optimiser state of the trainable parameters (Adam-type: two float32 values per parameter);
+- a frozen reference copy for the KL term, when one is kept;
+- the activations of the largest micro-batch, per token and layer from the model's config
+  (``activation_bytes_per_token``), plus its vocabulary projection on the scored positions;
+- the generation engine's keys and values: the rows it generates at once, each up to its context budget, plus the
+  prefix store's token bound (``rollout.cache_tokens``).
+
+The per-token constants were measured on SmolLM2-135M (docs/performance.md, "Memory") and err high; the check
+refuses only a run whose estimate exceeds the memory available, so a rough overestimate costs nothing in a run
+that fits comfortably.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from envace.errors import UserError
+
+GIB = 1024**3
+
+LOGIT_BYTES = 16
+"""Bytes per scored position and vocabulary entry at the update's peak: the logits in the compute dtype, their
+float32 copy, the log-softmax and the gradient that flows back through them."""
+
+PROCESS_BYTES = int(1.0 * GIB)
+"""Python, torch, transformers, the tokenizer and the task sets: what an idle envace process holds before a model."""
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes per part of a run's peak, and the config key that lowers each part.
+
+    Attributes:
+        parts: bytes of each part (``weights``, ``gradients``, ``optimizer``, ``activations``, ``engine_cache``...).
+        keys: for each part, the key (and the direction) that lowers it.
+    """
+
+    parts: dict[str, int]
+    keys: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        """The estimated peak, in bytes."""
+        return sum(self.parts.values())
+
+    def largest(self) -> str:
+        """The part with the most bytes among those a key can lower."""
+        lowerable = {k: v for k, v in self.parts.items() if k in self.keys} or self.parts
+        return max(lowerable, key=lambda k: lowerable[k])
+
+    def summary(self) -> str:
+        """``total 7.9 GiB (weights 0.5, gradients 0.5, ...)``."""
+        parts = ", ".join(f"{k} {v / GIB:.1f}" for k, v in self.parts.items() if v)
+        return f"{self.total / GIB:.1f} GiB ({parts})"
+
+
+def model_config(model: nn.Module) -> Any:
+    """The transformers config of a (peft- or FSDP-wrapped) causal LM, or None."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return getattr(base, "config", None)
+
+
+def _dims(config: Any) -> tuple[int, int, int, int, int]:
+    """``(layers, hidden, intermediate, kv_width, vocab)`` of a decoder config; kv_width = kv heads x head dim."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    hidden = int(text.hidden_size)
+    heads = int(getattr(text, "num_attention_heads", 1) or 1)
+    head_dim = int(getattr(text, "head_dim", None) or hidden // heads)
+    kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
+    intermediate = int(getattr(text, "intermediate_size", None) or 4 * hidden)
+    return int(text.num_hidden_layers), hidden, intermediate, kv_heads * head_dim, int(text.vocab_size)
+
+
+def activation_bytes_per_token(config: Any, mixed: bool, checkpointing: bool = False) -> int:
+    """Bytes of activations a training forward keeps per token for backward, over every layer.
+
+    Per decoder layer, under bf16/fp16 autocast: the float32 residual stream and normalisations (about 40 bytes per
+    hidden unit, the attention projections included) and the MLP's gate, up, activation and product in 16 bits (10
+    bytes per intermediate unit). float32 training keeps the same tensors at 4 bytes (x1.6). With activation
+    checkpointing only each layer's float32 input is kept, plus one layer's activations while it is recomputed.
+    """
+    layers, hidden, intermediate, kv, _ = _dims(config)
+    per_layer = 40 * hidden + 10 * intermediate + 8 * kv
+    if not mixed:
+        per_layer = int(per_layer * 1.6)
+    if checkpointing:
+        return layers * 4 * hidden + per_layer
+    return layers * per_layer
+
+
+def kv_bytes_per_token(config: Any, dtype_bytes: int) -> int:
+    """Bytes of keys and values one token holds in a generation cache, over every layer."""
+    layers, _, _, kv, _ = _dims(config)
+    return 2 * layers * kv * dtype_bytes
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one rank runs at its peak, in tokens (the sizes ``estimate`` turns into bytes).
+
+    Attributes:
+        micro_batch_tokens: padded tokens of the largest training micro-batch.
+        scored_tokens: positions of that micro-batch whose log-probs are computed (the vocabulary projection).
+        generation_rows: rows the engine generates at once.
+        generation_tokens: context budget of one such row (its prompt and new tokens).
+        store_tokens: the engine's prefix-store bound (0: none kept).
+        budget_key: the config key of the training token budget.
+        generation_key: the config key that lowers the generation rows.
+    """
+
+    micro_batch_tokens: int
+    scored_tokens: int
+    generation_rows: int = 0
+    generation_tokens: int = 0
+    store_tokens: int = 0
+    budget_key: str = "micro_batch_tokens"
+    generation_key: str = "rollout.generate_batch_size"
+
+
+def estimate(model: nn.Module, work: Workload, *, mixed: bool, reference: nn.Module | None = None,
+             optimizer_states: int = 2) -> MemoryEstimate:
+    """The peak of one rank running ``work`` with ``model`` (see the module docstring for the parts).
+
+    Args:
+        model: the policy (parameters counted as they are now: sharded parameters count their local shard).
+        work: the token sizes of the run.
+        mixed: bf16/fp16 autocast (activations in 16 bits, a 16-bit copy of the weights during a step); 16-bit
+            weights (``bf16-true``) keep 16-bit activations too.
+        reference: a frozen copy kept for the KL term.
+        optimizer_states: float32 values the optimiser keeps per trainable parameter (Adam, AdamW: 2).
+    """
+    config = model_config(model)
+    params = list(model.parameters())
+    weights = sum(p.numel() * p.element_size() for p in params)
+    trainable = sum(p.numel() for p in params if p.requires_grad)
+    trainable_bytes = sum(p.numel() * p.element_size() for p in params if p.requires_grad)
+    parts = {
+        "process": PROCESS_BYTES,
+        "weights": weights + (sum(p.numel() for p in params) * 2 if mixed else 0),
+        "gradients": trainable_bytes,
+        "optimizer": trainable * 4 * optimizer_states,
+    }
+    if reference is not None:
+        parts["reference"] = sum(p.numel() * p.element_size() for p in reference.parameters())
+    low = mixed or any(p.element_size() == 2 and p.is_floating_point() for p in params[:1])  # 16-bit activations
+    if config is not None:
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        checkpointing = any(getattr(m, "gradient_checkpointing", False) is True for m in base.modules())
+        parts["activations"] = work.micro_batch_tokens * activation_bytes_per_token(config, low, checkpointing)
+        parts["logits"] = work.scored_tokens * _dims(config)[4] * LOGIT_BYTES
+        kv = kv_bytes_per_token(config, 2 if low else 4)
+        parts["engine_cache"] = work.generation_rows * work.generation_tokens * kv
+        parts["prefix_store"] = work.store_tokens * kv
+    keys = {"activations": f"{work.budget_key} (the padded tokens of one micro-batch)",
+            "logits": f"{work.budget_key} (the padded tokens of one micro-batch)",
+            "engine_cache": f"{work.generation_key} (rows generated at once) or rollout.max_context_tokens",
+            "prefix_store": "rollout.cache_tokens (tokens the rollout keeps for prefix reuse)",
+            "optimizer": "model.policy.init_args.lora (train adapters, not every weight)",
+            "gradients": "model.policy.init_args.lora (train adapters, not every weight)"}
+    return MemoryEstimate(parts, keys)
+
+
+def available_memory(device: torch.device) -> int:
+    """The memory this rank may use, in bytes: the GPU's total on CUDA; on CPU, the machine's memory (or the
+    container's limit, if lower) that other processes leave free, counting what this process already holds."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[1])
+    info = _meminfo()
+    free = info.get("MemAvailable", info.get("MemTotal", 0)) + _rss()
+    limit = _cgroup_limit()
+    return min(free, limit) if limit else free
+
+
+def _meminfo() -> dict[str, int]:
+    try:
+        lines = Path("/proc/meminfo").read_text().splitlines()
+    except OSError:
+        return {}
+    out = {}
+    for line in lines:
+        name, _, rest = line.partition(":")
+        parts = rest.split()
+        if parts and parts[0].isdigit():
+            out[name] = int(parts[0]) * 1024
+    return out
+
+
+def _rss() -> int:
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def _cgroup_limit() -> int:
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 1 << 60:
+            return int(text)
+    return 0
+
+
+class OutOfMemoryPlan(UserError, MemoryError):
+    """A run whose estimated peak exceeds the memory it has (raised before its first step)."""
+
+
+def check_fits(estimated: MemoryEstimate, available: int, what: str) -> None:
+    """Stop with one line naming the key to lower when ``estimated`` exceeds ``available`` bytes.
+
+    Raises:
+        OutOfMemoryPlan: the run would not fit.
+    """
+    if estimated.total <= available:
+        return
+    part = estimated.largest()
+    raise OutOfMemoryPlan(
+        f"{what}: the estimated peak memory, {estimated.summary()}, exceeds the {available / GIB:.1f} GiB "
+        f"available; lower {estimated.keys.get(part, part)} (its largest part, {part}, is "
+        f"{estimated.parts[part] / GIB:.1f} GiB), or set memory_limit_gb: 0 to start without this check"
+    )

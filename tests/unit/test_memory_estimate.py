@@ -1,0 +1,100 @@
+"""The peak-memory estimate and the check that stops a run that cannot fit before its first step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from envace.command import main
+from envace.memory import (
+    GIB,
+    PROCESS_BYTES,
+    MemoryEstimate,
+    OutOfMemoryPlan,
+    Workload,
+    activation_bytes_per_token,
+    check_fits,
+    estimate,
+    kv_bytes_per_token,
+)
+
+ROOT = Path(__file__).parents[2]
+
+
+def _smollm2_shape() -> LlamaConfig:
+    """SmolLM2-135M's shape (30 layers, hidden 576, MLP 1536, 9 heads of 64, 3 KV heads, vocabulary 49152)."""
+    return LlamaConfig(num_hidden_layers=30, hidden_size=576, intermediate_size=1536, num_attention_heads=9,
+                       num_key_value_heads=3, head_dim=64, vocab_size=49152)
+
+
+def test_per_token_sizes_by_hand() -> None:
+    config = _smollm2_shape()
+    # per layer: 40 x 576 + 10 x 1536 + 8 x (3 x 64) = 23040 + 15360 + 1536 = 39936 bytes; 30 layers
+    assert activation_bytes_per_token(config, mixed=True) == 30 * 39936
+    assert activation_bytes_per_token(config, mixed=False) == 30 * int(39936 * 1.6)
+    # checkpointing keeps each layer's float32 input (4 x 576) and one layer's activations
+    assert activation_bytes_per_token(config, mixed=True, checkpointing=True) == 30 * 4 * 576 + 39936
+    assert kv_bytes_per_token(config, 2) == 2 * 30 * 192 * 2
+
+
+def test_the_estimate_adds_weights_gradients_optimizer_activations_logits_and_caches() -> None:
+    config = LlamaConfig(num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=100)
+    model = LlamaForCausalLM(config)
+    n = sum(p.numel() for p in model.parameters())
+    work = Workload(micro_batch_tokens=1000, scored_tokens=300, generation_rows=4, generation_tokens=50,
+                    store_tokens=500)
+    got = estimate(model, work, mixed=True)
+    kv = kv_bytes_per_token(config, 2)
+    assert got.parts == {
+        "process": PROCESS_BYTES, "weights": 4 * n + 2 * n, "gradients": 4 * n, "optimizer": 8 * n,
+        "activations": 1000 * activation_bytes_per_token(config, True), "logits": 300 * 100 * 16,
+        "engine_cache": 4 * 50 * kv, "prefix_store": 500 * kv,
+    }
+    model.requires_grad_(False)
+    frozen = estimate(model, work, mixed=False).parts
+    assert frozen["gradients"] == 0 and frozen["optimizer"] == 0 and frozen["weights"] == 4 * n
+
+
+def test_a_run_that_does_not_fit_names_the_key_of_its_largest_part() -> None:
+    estimated = MemoryEstimate({"process": GIB, "activations": 20 * GIB, "prefix_store": 2 * GIB},
+                               {"activations": "model.grpo.micro_batch_tokens", "prefix_store": "rollout.cache_tokens"})
+    check_fits(estimated, 24 * GIB, "run")  # 23 GiB fits in 24
+    with pytest.raises(OutOfMemoryPlan) as info:
+        check_fits(estimated, 16 * GIB, "run")
+    message = str(info.value)
+    assert "\n" not in message and "lower model.grpo.micro_batch_tokens" in message and "23.0 GiB" in message
+
+
+def test_envace_fit_stops_before_its_first_step_when_the_estimate_exceeds_the_limit(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    args = ["fit", "--config", str(ROOT / "lit_configs" / "tiny_sft.yaml"), f"--trainer.default_root_dir={out}",
+            "--trainer.max_steps=2", "--trainer.limit_val_batches=0", "--model.init_args.memory_limit_gb=0.5"]
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("envace: error:")]
+    assert len(errors) == 1 and "Traceback" not in err, err
+    assert "exceeds the 0.5 GiB available; lower " in errors[0]
+    assert not list(out.rglob("*.ckpt"))  # no step was taken, nothing was written as trained
+
+
+def test_the_memory_benchmark_writes_a_long_response_task_set_the_loader_accepts(tmp_path: Path) -> None:
+    import importlib.util
+
+    from envace.task_sets import load_task_set
+
+    spec = importlib.util.spec_from_file_location("memory_bench", ROOT / "benchmarks" / "memory.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    path = bench.long_tasks(tmp_path / "long.jsonl", n=5)
+    tasks = load_task_set(path)
+    responses = [m["content"] for t in tasks for m in t.reference if m["role"] == "tool"]
+    assert len(tasks) == 5 and responses and all('"statement"' in r for r in responses)
+    args = bench.case_args("rl", "long", 16, "0", 3, tmp_path)
+    assert "--data.batch_size=16" in args and "--model.grpo.micro_batch_tokens=0" in args
+    assert f"--data.train_tasks={path}" in args
