@@ -49,10 +49,10 @@ GIB = 1024**3
 
 def long_tasks(path: Path, n: int = 600) -> str:
     """Bank tasks whose recorded tool responses carry a statement of 30 transactions; the JSONL file's path."""
-    from envace.builtin import DOMAINS
+    from envace.builtin import domain_of
     from envace.builtin.generator import generate_split, render_tasks
 
-    domain = DOMAINS["bank"]
+    domain = domain_of("bank")
     tasks = []
     for task in generate_split(domain, "train", n):
         reference = []
@@ -141,7 +141,7 @@ def median_step(times: list[float]) -> float:
     return statistics.median(times[1:] if len(times) > 1 else times)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--stages", nargs="+", default=["sft", "rl"], choices=["sft", "rl"])
     parser.add_argument("--sets", nargs="+", default=["bank", "desk", "long"], choices=["bank", "desk", "long"])
@@ -152,7 +152,7 @@ def main() -> None:
                         help="also run the smaller batch with the budget off (today's path) for the step time")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--rss", action="store_true", help=argparse.SUPPRESS)
-    opts = parser.parse_args()
+    opts = parser.parse_args(argv)
     if opts.child:
         child(json.loads(opts.child), opts.rss)
         return

@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 import warnings
 from collections import OrderedDict
-from dataclasses import replace
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from transformers import PreTrainedTokenizerBase

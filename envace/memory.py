@@ -173,8 +173,11 @@ def estimate(model: nn.Module, work: Workload, *, mixed: bool, reference: nn.Mod
 
 
 def available_memory(device: torch.device) -> int:
-    """The memory this rank may use, in bytes: the GPU's total on CUDA; on CPU, the machine's memory (or the
-    container's limit, if lower) that other processes leave free, counting what this process already holds."""
+    """The memory this rank may use, in bytes.
+
+    On CUDA the GPU's total; on CPU, the machine's memory (or the container's limit, if lower) that other processes
+    leave free, counting what this process already holds.
+    """
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[1])
     info = _meminfo()

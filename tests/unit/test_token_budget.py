@@ -81,7 +81,8 @@ def _rl_batch(vocab: int, seed: int = 0) -> RolloutBatch:
     """Rows of every kind the update trains: act and rehearse policy-gradient rows, alignment and imitation rows,
     of different lengths and loss masks, with behaviour log-probs that make the clip bite on some tokens."""
     g = torch.Generator().manual_seed(seed)
-    kinds = [(Role.ACT, False)] * 6 + [(Role.REHEARSE, False)] * 5 + [(Role.REHEARSE, True)] * 3 + [(Role.ACT, True)] * 2
+    kinds = [(Role.ACT, False)] * 6 + [(Role.REHEARSE, False)] * 5
+    kinds += [(Role.REHEARSE, True)] * 3 + [(Role.ACT, True)] * 2
     n, width = len(kinds), 90
     lengths = torch.randint(20, width + 1, (n,), generator=g)
     ids = torch.randint(5, vocab, (n, width), generator=g)
