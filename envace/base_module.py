@@ -78,6 +78,19 @@ class PolicyModule(L.LightningModule):
         scheduler = self.scheduler_factory(optimizer)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
+    def step_optimizer(self, optimizer: Any, grad_clip: float) -> None:
+        """One optimiser step on the accumulated gradients (manual optimisation).
+
+        Clips their norm to ``grad_clip`` (0: no clipping), steps, steps the schedule, zeroes the gradients.
+        """
+        if grad_clip > 0:
+            self.clip_gradients(optimizer, gradient_clip_val=grad_clip, gradient_clip_algorithm="norm")
+        optimizer.step()
+        scheduler = self.lr_schedulers()
+        if scheduler is not None:
+            scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+
     def _evaluate(self, tasks: list[Task], prefix: str) -> None:
         """Evaluate one batch of tasks and log under ``prefix/`` (subclasses implement)."""
         raise NotImplementedError

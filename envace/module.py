@@ -596,13 +596,7 @@ class EnvACEModule(PolicyModule):
             self._skip_nonfinite(nonfinite)
             return {}
         self._nonfinite_streak = 0
-        if self.grpo.grad_clip > 0:
-            self.clip_gradients(optimizer, gradient_clip_val=self.grpo.grad_clip, gradient_clip_algorithm="norm")
-        optimizer.step()
-        scheduler = self.lr_schedulers()
-        if scheduler is not None:
-            scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+        self.step_optimizer(optimizer, self.grpo.grad_clip)
         return sum_heads(stats)
 
     def _accumulate(self, mb: RolloutBatch) -> list[dict[str, Tensor]]:

@@ -203,15 +203,8 @@ class SFTModule(PolicyModule):
 
         The rows run in micro-batches (``micro_batch_tokens``), each backward adding its share of the step's loss.
         """
-        optimizer = self.optimizers()
         _, stats = self._loss(batch, backward=True)
-        if self.grad_clip > 0:
-            self.clip_gradients(optimizer, gradient_clip_val=self.grad_clip, gradient_clip_algorithm="norm")
-        optimizer.step()
-        scheduler = self.lr_schedulers()
-        if scheduler is not None:
-            scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+        self.step_optimizer(self.optimizers(), self.grad_clip)
         self.log_dict({f"train/{k}": v for k, v in stats.items()}, batch_size=len(batch), prog_bar=True)
 
     def _evaluate(self, tasks: list[Task], prefix: str) -> None:
