@@ -80,7 +80,7 @@ def task_args(stage: str, name: str, work: Path) -> list[str]:
 
 def case_args(stage: str, task_set: str, batch: int, budget: str, steps: int, root: Path) -> list[str]:
     args = ["fit", "--config", CONFIGS[stage], f"--trainer.default_root_dir={root}", f"--trainer.max_steps={steps}",
-            "--trainer.limit_val_batches=0", "--trainer.enable_checkpointing=false", "--trainer.logger=false",
+            "--trainer.limit_val_batches=0", "--trainer.logger=false",
             f"--data.batch_size={batch}"]
     if stage == "sft":
         args += [f"--model.init_args.policy.init_args.name_or_path={MODEL}", "--model.init_args.export_dir=null",
@@ -98,7 +98,7 @@ def child(args: list[str], rss_every_step: bool) -> None:
     import lightning as L
     import torch
 
-    from envace.cli import cli_main
+    from envace.cli import EnvaceCLI, cli_main
 
     times: list[float] = []
     rss: list[float] = []
@@ -113,14 +113,12 @@ def child(args: list[str], rss_every_step: bool) -> None:
                 pages = int(Path("/proc/self/statm").read_text().split()[1])
                 rss.append(pages * os.sysconf("SC_PAGE_SIZE") / GIB)
 
-    original = L.Trainer.__init__
+    class ClockCLI(EnvaceCLI):
+        def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[L.Callback]) -> L.Trainer:
+            return super()._instantiate_trainer(config, [*callbacks, Clock()])
 
-    def with_clock(self: L.Trainer, *a: Any, callbacks: Any = None, **kw: Any) -> None:
-        original(self, *a, callbacks=[*(callbacks or []), Clock()], **kw)
-
-    L.Trainer.__init__ = with_clock  # type: ignore[method-assign]
     sys.argv = ["envace"]
-    cli_main(args)
+    cli_main(args, cli_class=ClockCLI)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB
     if torch.cuda.is_available():
         peak = torch.cuda.max_memory_allocated() / GIB

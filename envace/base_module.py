@@ -16,7 +16,7 @@ from envace.alignment import warn_long_responses
 from envace.data.datamodule import RolloutDataModule
 from envace.evaluation import PolicyEvaluator
 from envace.export import save_policy
-from envace.memory import GIB, Workload, available_memory, check_fits, estimate
+from envace.memory import GIB, Workload, available_memory, check_fits, estimate, return_freed_memory
 from envace.types import Task
 from envace.worlds.rehearse import check_rehearse_format
 
@@ -90,6 +90,16 @@ class PolicyModule(L.LightningModule):
         if scheduler is not None:
             scheduler.step()
         optimizer.zero_grad(set_to_none=True)
+        self.return_freed_memory()
+
+    def return_freed_memory(self) -> None:
+        """On CPU, give freed host memory back to the system (``envace.memory.return_freed_memory``).
+
+        Called after every micro-batch's backward and every optimiser step: without it, freed activation blocks of
+        rows of other lengths fragment the allocator's heap, and the peak grows with the number of micro-batches.
+        """
+        if self.device.type == "cpu":
+            return_freed_memory()
 
     def _evaluate(self, tasks: list[Task], prefix: str) -> None:
         """Evaluate one batch of tasks and log under ``prefix/`` (subclasses implement)."""

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import torch
 import transformers.modeling_utils
 from torch import Tensor, nn
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+from transformers.modeling_layers import GradientCheckpointingLayer
 
 MASK_LOGITS_TO_KEEP = hasattr(transformers.modeling_utils, "slice_logits_to_keep")
 """This transformers release accepts a boolean 2-D ``logits_to_keep`` (older ones take an int or 1-D indices only)."""
@@ -43,8 +47,8 @@ def token_logps(
             it once and its rows on top of its keys and values (gradients flow into it through every row) instead
             of once per row. Rows of one role share the system prompt and tool schemas; the rehearse rows of one
             task and tool share most of their prompt. The log-probs are those of the plain forward up to float
-            rounding. 0 (the default) never shares. Needs a model that takes ``past_key_values`` (Hugging Face
-            causal LMs; not with gradient checkpointing, which turns the cache off).
+            rounding. 0 (the default) never shares. Needs a model that takes a cache (Hugging Face causal LMs with
+            full attention); works with activation checkpointing (``ReadOnlyPrefix``).
 
     Returns:
         ``logps`` with 0 at position 0, at padding and outside ``positions``, and the entropy (or None).
@@ -129,7 +133,7 @@ def prefix_runs(rows: list[list[int]], limits: list[int], min_prefix: int,
         ``(rows, prefix)`` per group, rows ascending; the rows in no group, if any, last with prefix 0.
     """
     order = sorted(range(len(rows)), key=lambda i: rows[i])
-    lcp = [_common_length(rows[a], rows[b]) for a, b in zip(order, order[1:])]  # neighbours in the order
+    lcp = [common_length(rows[a], rows[b]) for a, b in zip(order, order[1:])]  # neighbours in the order
     n = len(order)
     best = [0] * (n + 1)  # best[i]: tokens saved by the first i rows of the order
     cut: list[tuple[int, int]] = [(0, 0)] * (n + 1)  # (start of the last run, its prefix)
@@ -156,7 +160,8 @@ def prefix_runs(rows: list[list[int]], limits: list[int], min_prefix: int,
     return groups + ([(sorted(plain), 0)] if plain else [])
 
 
-def _common_length(a: list[int], b: list[int]) -> int:
+def common_length(a: list[int], b: list[int]) -> int:
+    """The length of the longest common prefix of two token lists."""
     n = min(len(a), len(b))
     for i in range(n):
         if a[i] != b[i]:
@@ -185,22 +190,68 @@ def _kept_logits_shared(model: nn.Module, input_ids: Tensor, attention_mask: Ten
                         prefix: int) -> Tensor:
     """``_kept_logits`` with the common ``prefix`` computed once: its keys and values are repeated for every row.
 
-    The rows' suffixes attend to the repeated cache; backward sums each row's gradient into the one prefix pass.
-    No kept position lies in the prefix (``prefix_groups``), so the kept logits are all the suffixes'.
+    The rows' suffixes attend to the repeated states, which they read and never extend (``ReadOnlyPrefix``); backward
+    sums each row's gradient into the one prefix pass. No kept position lies in the prefix (``prefix_groups``), so
+    the kept logits are all the suffixes'. Under activation checkpointing the prefix pass keeps its activations (it
+    must fill the cache) and the suffix pass recomputes its layers in backward, reading the same prefix states.
     """
     name = cache_kwarg(model)
     cache = DynamicCache()
-    model(input_ids=input_ids[:1, :prefix], attention_mask=attention_mask[:1, :prefix], use_cache=True,
-          logits_to_keep=1, **{name: cache})
-    if cache.get_seq_length() != prefix:  # gradient checkpointing turns the cache off in training
+    with _layer_flags(model, gradient_checkpointing=False):
+        model(input_ids=input_ids[:1, :prefix], attention_mask=attention_mask[:1, :prefix], use_cache=True,
+              logits_to_keep=1, **{name: cache})
+    if cache.get_seq_length() != prefix:
         raise RuntimeError(f"share_prefix: the model kept {cache.get_seq_length()} of the {prefix} prefix positions "
-                           "in its cache (gradient checkpointing disables it); turn share_prefix off")
+                           "in its cache; turn share_prefix off for this model")
     cache.batch_repeat_interleave(input_ids.shape[0])
     tail_keep = keep[:, prefix:]
     kwargs = {"logits_to_keep": tail_keep} if MASK_LOGITS_TO_KEEP else {}
-    logits = model(input_ids=input_ids[:, prefix:], attention_mask=attention_mask, use_cache=True,
-                   **{name: cache}, **kwargs).logits
+    with _layer_flags(model, _can_checkpoint_with_cache=True):
+        logits = model(input_ids=input_ids[:, prefix:], attention_mask=attention_mask, use_cache=False,
+                       **{name: ReadOnlyPrefix(cache)}, **kwargs).logits
     return logits[tail_keep] if logits.dim() == 3 else logits
+
+
+class ReadOnlyPrefix(DynamicCache):
+    """A shared prefix's keys and values that a forward reads and never extends.
+
+    Each layer attends to the prefix's states followed by its own; the cache keeps only the prefix, so a layer that
+    is recomputed in backward (activation checkpointing) reads exactly what its forward read, and a transformers
+    layer may keep it under checkpointing (``_can_checkpoint_with_cache``).
+    """
+
+    def __init__(self, prefix: DynamicCache) -> None:
+        super().__init__()
+        kinds = {type(layer).__name__ for layer in prefix.layers if type(layer) is not DynamicLayer}
+        if kinds:
+            raise TypeError(f"share_prefix: the model's cache has {', '.join(sorted(kinds))} layers; only full "
+                            "attention layers can share a prefix (turn share_prefix off)")
+        self.layers = prefix.layers
+
+    def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args: Any,
+               **kwargs: Any) -> tuple[Tensor, Tensor]:
+        """The prefix's states of layer ``layer_idx`` followed by ``key_states`` / ``value_states``; nothing stored."""
+        layer = self.layers[layer_idx]
+        return torch.cat([layer.keys, key_states], dim=-2), torch.cat([layer.values, value_states], dim=-2)
+
+
+@contextmanager
+def _layer_flags(model: nn.Module, **flags: bool) -> Iterator[None]:
+    """Set attributes on the model's transformers decoder layers (``GradientCheckpointingLayer``) for a while."""
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    saved = [{k: m.__dict__[k] for k in flags if k in m.__dict__} for m in layers]
+    for layer in layers:
+        for key, value in flags.items():
+            setattr(layer, key, value)
+    try:
+        yield
+    finally:
+        for layer, before in zip(layers, saved):
+            for key in flags:
+                if key in before:
+                    setattr(layer, key, before[key])
+                else:
+                    delattr(layer, key)
 
 
 def _shift_right(x: Tensor) -> Tensor:

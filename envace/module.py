@@ -621,6 +621,7 @@ class EnvACEModule(PolicyModule):
             with self._role_adapter(micro):
                 loss, micro_stats = self._micro_loss(micro, w)
             self.manual_backward(loss)
+            self.return_freed_memory()
             stats.append(micro_stats)
         for _ in range(passes - len(micro_batches)):
             self._join_peers(self.model, backward=True)

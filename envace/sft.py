@@ -251,6 +251,7 @@ class SFTModule(PolicyModule):
             if backward:
                 self.manual_backward(self.act_weight * part["act"] + self.rehearse_weight * part["rehearse"])
                 part = {k: v.detach() for k, v in part.items()}
+                self.return_freed_memory()
             heads = {k: heads[k] + v if k in heads else v for k, v in part.items()}
         loss = self.act_weight * heads["act"] + self.rehearse_weight * heads["rehearse"]
         return loss, {"sft_loss": loss.detach(), **{f"sft_loss_{k}": v.detach() for k, v in heads.items()}}

@@ -15,6 +15,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from envace.logprobs import common_length
 from envace.rollout.collate import RolloutBatch
 from envace.types import Role
 
@@ -107,22 +108,51 @@ class GRPOConfig:
                 raise ValueError(f"grpo.{name} must be >= 0, got {getattr(self, name)}")
 
 
-def pack_rows(rows: Tensor, lengths: list[int], max_rows: int, max_tokens: int) -> Iterator[Tensor]:
-    """Greedy consecutive chunks of ``rows`` under a row cap and a padded-token budget.
+def pack_rows(rows: Tensor, lengths: list[int], max_rows: int, max_tokens: int,
+              shared: list[int] | None = None) -> Iterator[Tensor]:
+    """Greedy consecutive chunks of ``rows`` under a row cap and a budget of computed tokens.
 
-    A chunk's padded size is ``rows_in_chunk * its_longest_row`` (rows sorted longest first keep it low); a single row
-    longer than the budget gets a chunk of its own. ``max_tokens`` 0 means no token budget.
+    A chunk's cost is ``rows_in_chunk * its_longest_row`` padded tokens (rows sorted longest first keep it low); a
+    single row longer than the budget gets a chunk of its own. ``max_tokens`` 0 means no token budget.
+
+    With ``shared`` (``shared[i]``: the prefix row ``i`` shares with row ``i - 1`` that the forward computes once, 0
+    where none; the first entry is ignored), a chunk whose rows all share ``p`` tokens costs
+    ``p + rows_in_chunk * (its_longest_row - p)``: the prefix once and the padded suffixes, as
+    ``envace.logprobs.token_logps`` computes it.
     """
     start = 0
     while start < len(rows):
-        end, longest = start + 1, lengths[start]
-        while end < len(rows) and end - start < max_rows and (
-            max_tokens <= 0 or (end - start + 1) * max(longest, lengths[end]) <= max_tokens
-        ):
-            longest = max(longest, lengths[end])
-            end += 1
+        end, longest, prefix = start + 1, lengths[start], lengths[start]
+        while end < len(rows) and end - start < max_rows:
+            wider, common = max(longest, lengths[end]), min(prefix, shared[end] if shared else 0)
+            if max_tokens > 0 and common + (end - start + 1) * (wider - common) > max_tokens:
+                break
+            longest, prefix, end = wider, common, end + 1
         yield rows[start:end]
         start = end
+
+
+def shared_prefixes(input_ids: Tensor, lengths: Tensor, positions: Tensor, min_prefix: int) -> list[int]:
+    """For rows in order, the prefix each shares with the one before it that ``token_logps`` may compute once.
+
+    That is the longest common prefix of the two rows, cut before either row's first scored position (a prefix holds
+    no scored token) and before either row ends; 0 where it is shorter than ``min_prefix`` (not worth sharing).
+
+    Args:
+        input_ids: right-padded rows, in packing order.  # [n, T]
+        lengths: real tokens per row.  # [n]
+        positions: the scored positions (the loss mask).  # [n, T]
+        min_prefix: the ``share_prefix`` threshold.
+    """
+    scored = positions[:, 1:].bool()  # the logit at position t scores token t + 1
+    first = torch.where(scored.any(-1), scored.int().argmax(-1), lengths - 1)  # [n]
+    limits = torch.minimum(first, lengths - 1).tolist()
+    rows = [input_ids[i, : int(n)].tolist() for i, n in enumerate(lengths)]
+    out = [0]
+    for i in range(1, len(rows)):
+        common = min(common_length(rows[i - 1], rows[i]), limits[i - 1], limits[i])
+        out.append(common if common >= min_prefix else 0)
+    return out
 
 
 def micro_batches(batch: RolloutBatch, rows: Tensor, max_rows: int, max_tokens: int, *, by_role: bool = False,
@@ -148,11 +178,13 @@ def micro_batches(batch: RolloutBatch, rows: Tensor, max_rows: int, max_tokens: 
         groups = [rows[roles == int(r)] for r in (Role.ACT, Role.REHEARSE)]
     lengths = batch.attention_mask.sum(-1)  # [N]
     for group in groups:
-        if share_prefix:  # rows that share a prefix side by side (token_logps groups them)
+        shared = None
+        if share_prefix:  # rows that share a prefix side by side (token_logps groups them), the prefix costed once
             group = group[by_tokens(batch.input_ids[group], lengths[group])]
+            shared = shared_prefixes(batch.input_ids[group], lengths[group], batch.loss_mask[group], share_prefix)
         else:
             group = group[torch.argsort(lengths[group], descending=True, stable=True)]
-        yield from pack_rows(group, lengths[group].tolist(), max_rows, max_tokens)
+        yield from pack_rows(group, lengths[group].tolist(), max_rows, max_tokens, shared)
 
 
 def by_tokens(input_ids: Tensor, lengths: Tensor) -> Tensor:

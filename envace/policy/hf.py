@@ -23,6 +23,7 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
+from transformers.modeling_layers import GradientCheckpointingLayer
 
 from envace.builtin import DOMAINS
 from envace.policy.templates import load_chat_template
@@ -66,7 +67,7 @@ class HFPolicy:
         lora: LoraSpec | None = None,
         adapters: list[str] | None = None,
         load_in_4bit: bool = False,
-        gradient_checkpointing: bool = False,
+        gradient_checkpointing: bool | float = False,
         attn_implementation: str | None = None,
         trust_remote_code: bool = False,
         chat_template: str | None = None,
@@ -81,7 +82,10 @@ class HFPolicy:
             adapters: "noshare" variant: one LoRA adapter per name (e.g. ["act", "rehearse"]) on one frozen base,
                 each role training its own adapter (switch with ``envace.policy.use_adapter``). Needs ``lora``.
             load_in_4bit: load the base weights as bitsandbytes NF4 (QLoRA). Needs ``lora``.
-            gradient_checkpointing: recompute activations in backward (non-reentrant) to save memory.
+            gradient_checkpointing: recompute activations in backward (non-reentrant) to save memory: True (or 1.0)
+                for every decoder layer, a fraction in (0, 1) for that share of the layers, evenly spaced (the
+                activation memory saved and the recompute time spent both scale with it; docs/performance.md).
+                Works together with ``share_prefix``.
             attn_implementation: transformers attention backend, e.g. "sdpa", "eager" or "flash_attention_2";
                 None keeps the transformers default.
             trust_remote_code: allow model code shipped with the checkpoint.
@@ -93,6 +97,9 @@ class HFPolicy:
             ValueError: unknown ``dtype``, or ``adapters``/``load_in_4bit`` without ``lora``.
         """
         _check_options(dtype, lora, adapters, load_in_4bit)
+        if not 0 <= float(gradient_checkpointing) <= 1:
+            raise ValueError(
+                f"gradient_checkpointing must be a bool or a fraction in [0, 1], got {gradient_checkpointing!r}")
         self.name_or_path = name_or_path
         self.dtype = dtype
         self.lora = lora
@@ -119,7 +126,7 @@ class HFPolicy:
         if self.load_in_4bit:
             model = _prepare_4bit(model)
         if self.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            checkpoint_layers(model, float(self.gradient_checkpointing))
         if self.lora is not None:
             model = apply_lora(model, self.lora, self.adapters)
         return model, tokenizer
@@ -310,6 +317,21 @@ def keep_4bit_training_kernel(model: torch.nn.Module) -> torch.nn.Module:
         if isinstance(module, bnb.nn.Linear4bit):
             module.support_avx512bf16_for_cpu = False
     return model
+
+
+def checkpoint_layers(model: PreTrainedModel, share: float) -> int:
+    """Turn on activation checkpointing (non-reentrant) for ``share`` of the decoder layers, evenly spaced.
+
+    Returns:
+        The number of layers whose activations are recomputed in backward.
+    """
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    count = round(share * len(layers))
+    chosen = {i * len(layers) // count for i in range(count)} if count else set()
+    for i, layer in enumerate(layers):
+        layer.gradient_checkpointing = i in chosen
+    return len(chosen)
 
 
 def _check_options(dtype: str, lora: LoraSpec | None, adapters: list[str] | None, load_in_4bit: bool) -> None:

@@ -274,3 +274,28 @@ def test_share_prefix_falls_back_when_the_prefix_is_short_or_missing(tiny_tokeni
         plain, _ = token_logps(model, ids, mask, positions=scored)
         shared, _ = token_logps(model, ids, mask, positions=scored, share_prefix=4)  # under the minimum of 4
     assert torch.equal(plain, shared)  # the same single forward, bit for bit
+
+
+@pytest.mark.parametrize("share", [1.0, 0.5])
+def test_share_prefix_works_under_activation_checkpointing(tiny_tokenizer, share) -> None:
+    from envace.policy import TinyPolicy
+    from envace.policy.hf import checkpoint_layers
+
+    ids, mask, scored = _shared_rows(40, [10, 25, 7, 18], first_scored=42)
+    results = []
+    for checkpointed in (False, True):
+        torch.manual_seed(0)
+        model, _ = TinyPolicy(hidden=64, layers=4).build()
+        if checkpointed:
+            assert checkpoint_layers(model, share) == round(4 * share)
+        model.train()
+        logps, _ = token_logps(model, ids, mask, positions=scored, share_prefix=8)
+        logps.sum().backward()
+        results.append((logps.detach(), [p.grad.clone() for p in model.parameters()]))
+    (plain, plain_grads), (ckpt, ckpt_grads) = results
+    # the checkpointed forward runs the same operations on the same numbers, and its recomputation in backward
+    # reads the same read-only prefix states: the log-probs are bit-identical; the gradients are the same sums,
+    # allowed a few ulps in case a kernel orders a reduction differently when recomputing
+    assert torch.equal(plain, ckpt) and plain.abs().sum() > 0
+    for a, b in zip(plain_grads, ckpt_grads):
+        assert torch.allclose(a, b, atol=1e-7, rtol=1e-6)

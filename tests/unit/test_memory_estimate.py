@@ -35,7 +35,8 @@ def test_per_token_sizes_by_hand() -> None:
     assert activation_bytes_per_token(config, mixed=True) == 30 * 39936
     assert activation_bytes_per_token(config, mixed=False) == 30 * int(39936 * 1.6)
     # checkpointing keeps each layer's float32 input (4 x 576) and one layer's activations
-    assert activation_bytes_per_token(config, mixed=True, checkpointing=True) == 30 * 4 * 576 + 39936
+    assert activation_bytes_per_token(config, mixed=True, checkpointed=30) == 30 * 4 * 576 + 39936
+    assert activation_bytes_per_token(config, mixed=True, checkpointed=10) == 20 * 39936 + 10 * 4 * 576 + 39936
     assert kv_bytes_per_token(config, 2) == 2 * 30 * 192 * 2
 
 

@@ -284,3 +284,11 @@ def test_hf_policy_4bit_generate_then_train(tiny_dir: str) -> None:
     # lora_B starts at zero, so only the lora_B gradients are non-zero; the first layer's must be reached
     first_b = model.base_model.model.model.layers[0].self_attn.q_proj.lora_B["default"].weight
     assert first_b.grad.abs().sum() > 0
+
+
+def test_gradient_checkpointing_takes_a_fraction_of_the_layers(tiny_dir) -> None:
+    with pytest.raises(ValueError, match="gradient_checkpointing must be a bool or a fraction"):
+        HFPolicy(tiny_dir, gradient_checkpointing=1.5)
+    model, _ = HFPolicy(tiny_dir, gradient_checkpointing=0.5).build()
+    flags = [m.gradient_checkpointing for m in model.model.layers]
+    assert sum(flags) == round(len(flags) * 0.5) and flags[0]  # evenly spaced from the first layer
