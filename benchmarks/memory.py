@@ -9,11 +9,12 @@ the batch size and the token budget changed; the step time is the median of the 
   no fidelity gate);
 - task sets: ``bank`` and ``desk`` (built in) and ``long``: bank tasks whose recorded tool responses carry a long
   statement (about 600 tokens each), the shape of a user's world with verbose tools;
-- ``budget=off`` is the path before the token budget (``micro_batch_tokens=0``): today's step time, measured in the
-  same run as the default's, on the same machine;
-- growth: one SFT run of ``--growth-steps`` steps (bank, batch 4, validation and ``export_best`` host copies
-  included), its resident memory read after every step; the growth is the last reading minus the reading after the
-  first tenth of the run.
+- ``budget=off`` is the path before the token budget (``micro_batch_tokens=0``, no activation checkpointing):
+  today's step time, measured in the same run as the default's, on the same machine;
+- growth: one SFT run of ``--growth-steps`` steps (bank, batch 4, a validation every quarter of the run and
+  ``export_best`` host copies included), its resident memory read after every step; the growth is the last reading
+  minus the first reading after the first validation (which builds what a run holds once: the best weights' host
+  copy, the evaluation engine), per 100 steps.
 
 Run on an idle machine, one job at a time (``uptime`` first)::
 
@@ -44,6 +45,9 @@ ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "models" / "smollm2-135m-instruct"
 CONFIGS = {"sft": "lit_configs/smollm2_sft.yaml", "rl": "lit_configs/smollm2_rl.yaml"}
 BUDGET_KEY = {"sft": "--model.init_args.micro_batch_tokens", "rl": "--model.grpo.micro_batch_tokens"}
+CHECKPOINT_KEY = {"sft": "--model.init_args.policy.init_args.gradient_checkpointing",
+                  "rl": "--model.policy.init_args.gradient_checkpointing"}
+LIMIT_KEY = {"sft": "--model.init_args.memory_limit_gb", "rl": "--model.memory_limit_gb"}
 GIB = 1024**3
 
 
@@ -90,6 +94,8 @@ def case_args(stage: str, task_set: str, batch: int, budget: str, steps: int, ro
                  "--model.fidelity_gate=null"]
     if budget != "default":
         args.append(f"{BUDGET_KEY[stage]}={budget}")
+    if budget == "0":  # the path before the budget: one forward/backward per role, nothing recomputed, no check
+        args += [f"{CHECKPOINT_KEY[stage]}=false", f"{LIMIT_KEY[stage]}=0"]
     return args + task_args(stage, task_set, root)
 
 
@@ -181,14 +187,16 @@ def main(argv: list[str] | None = None) -> None:
         if opts.growth_steps:
             root = Path(tmp, "growth")
             args = case_args("sft", "bank", small, "default", opts.growth_steps, root)
-            args += ["--trainer.limit_val_batches=1", f"--trainer.val_check_interval={max(1, opts.growth_steps // 4)}",
+            interval = max(1, opts.growth_steps // 4)
+            args += ["--trainer.limit_val_batches=1", f"--trainer.val_check_interval={interval}",
                      "--data.eval_batch_size=8", "--model.init_args.export_best=val/success_act",
                      f"--model.init_args.export_dir={root}/policy"]
             rss = run_case(args, rss_every_step=True)["rss"]
-            first = rss[max(0, len(rss) // 10 - 1)]
-            growth = (rss[-1] - first) * 100 / max(1, len(rss) - len(rss) // 10)
-            print(f"growth: {rss[0]:.2f} GiB after step 1, {first:.2f} after step {len(rss) // 10}, "
-                  f"{rss[-1]:.2f} after step {len(rss)}", flush=True)
+            start = min(interval, len(rss) - 2)  # the first reading after the first validation: warm-up done
+            growth = (rss[-1] - rss[start]) * 100 / (len(rss) - 1 - start)
+            print(f"growth: {rss[0]:.2f} GiB after step 1, {rss[start]:.2f} after step {start + 1} (after the first "
+                  f"validation), {rss[-1]:.2f} after step {len(rss)}; every step: "
+                  f"{' '.join(f'{x:.2f}' for x in rss)}", flush=True)
     print("\n| stage | tasks | batch | budget | peak GiB | step s |\n|---|---|---|---|---|---|")
     for stage, task_set, batch, budget, peak, step in rows:
         print(f"| {stage} | {task_set} | {batch} | {budget} | {peak:.2f} | {step:.1f} |")
