@@ -164,8 +164,8 @@ def estimate(model: nn.Module, work: Workload, *, mixed: bool, reference: nn.Mod
         kv = kv_bytes_per_token(config, 2 if low else 4)
         parts["engine_cache"] = work.generation_rows * work.generation_tokens * kv
         parts["prefix_store"] = work.store_tokens * kv
-    keys = {"activations": f"{work.budget_key} (the padded tokens of one micro-batch)",
-            "logits": f"{work.budget_key} (the padded tokens of one micro-batch)",
+    keys = {"activations": f"{work.budget_key} (the computed tokens of one micro-batch)",
+            "logits": f"{work.budget_key} (the computed tokens of one micro-batch)",
             "engine_cache": f"{work.generation_key} (rows generated at once) or rollout.max_context_tokens",
             "prefix_store": "rollout.cache_tokens (tokens the rollout keeps for prefix reuse)",
             "optimizer": "model.policy.init_args.lora (train adapters, not every weight)",

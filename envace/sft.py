@@ -4,7 +4,7 @@ Act rows are the chat-template render of each task's messages plus its reference
 assistant tokens (the template's ``{% generation %}`` mask). Rehearse rows are the alignment rows: the rehearse
 prompt of each recorded call followed by its recorded real response. Plain next-token cross-entropy.
 
-Rows are packed into micro-batches under a padded-token budget (``micro_batch_tokens``, ``envace.update``); each
+Rows are packed into micro-batches under a budget of computed tokens (``micro_batch_tokens``, ``envace.update``); each
 micro-batch's forward and backward run in turn, gradients accumulate, and the optimiser steps once per training step.
 Each head's token mean is normalised by the whole step's token count, so the loss and gradients do not depend on
 the budget (beyond float rounding), while peak memory does not grow with the batch size or the rows per task.
@@ -74,10 +74,10 @@ class SFTModule(PolicyModule):
         share_prefix: inside each micro-batch (one role per micro-batch), compute the prefix its rows share (the
             system prompt and tool schemas, most of a short row) once, when it is at least this many tokens
             (``envace.logprobs.token_logps``); 0 (the default) runs every row in full.
-        micro_batch_tokens: most padded tokens (rows x the longest row) per forward/backward; a step's rows are
-            packed into micro-batches under it and their gradients accumulated, so peak activation memory is set
-            by this key, not by ``data.batch_size`` or the rows per task. 0: one micro-batch per step (every row at
-            once, as large as the batch makes it).
+        micro_batch_tokens: most computed tokens (rows x the longest row; with ``share_prefix`` their shared prefix
+            once) per forward/backward; a step's rows are packed into micro-batches under it and their gradients
+            accumulated, so peak activation memory is set by this key, not by ``data.batch_size`` or the rows per
+            task. 0: one micro-batch per step (every row at once, as large as the batch makes it).
         micro_batch_size: most rows per micro-batch.
         memory_limit_gb: before the first step, the run's estimated peak memory (``envace.memory``) must fit in
             this many GiB, or it stops with one line naming the key to lower; None: the memory this machine (or GPU)

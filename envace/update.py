@@ -2,7 +2,7 @@
 
 Pure functions; the LightningModules own the optimiser and call these. Every path that trains or scores rows (the
 SFT warm start and its validation loss, the RL update, its old and reference log-probs) packs them with
-``micro_batches``, under a row cap and a padded-token budget: peak activation memory is then set by the budget,
+``micro_batches``, under a row cap and a budget of computed tokens: peak activation memory is then set by the budget,
 not by the batch size, the number of rows per task or the length of a task.
 """
 
@@ -20,8 +20,8 @@ from envace.rollout.collate import RolloutBatch
 from envace.types import Role
 
 DEFAULT_MICRO_BATCH_TOKENS = 4096
-"""The default padded-token budget of one forward/backward (``micro_batch_tokens``): see docs/performance.md for the
-peak memory it gives on SmolLM2-135M, and lower it (or raise it) with that one key."""
+"""The default budget of computed tokens of one forward/backward (``micro_batch_tokens``): see docs/performance.md for
+the peak memory it gives on SmolLM2-135M, and lower it (or raise it) with that one key."""
 
 
 @dataclass
@@ -34,8 +34,9 @@ class GRPOConfig:
         mini_batches: optimiser steps per pass over a rollout batch (its rows are shuffled and split into this many
             parts; every rank makes the same number of steps).
         micro_batch_size: most rows per forward/backward (gradient accumulation inside a mini-batch).
-        micro_batch_tokens: most padded tokens (rows x the longest row) per forward/backward; rows are sorted by
-            length first, so similar lengths share a micro-batch, and a row longer than the budget goes alone. This
+        micro_batch_tokens: most computed tokens (rows x the longest row; with ``share_prefix`` their shared prefix
+            once) per forward/backward; rows are sorted by length first, so similar lengths share a micro-batch,
+            and a row longer than the budget goes alone. This
             bounds the update's activation memory whatever the batch size; 0 disables the token budget (then one
             micro-batch can hold ``micro_batch_size`` rows of any length).
         baseline: ``episode`` (each episode weighs once in its group's mean) or ``row`` (the reference's
@@ -157,7 +158,7 @@ def shared_prefixes(input_ids: Tensor, lengths: Tensor, positions: Tensor, min_p
 
 def micro_batches(batch: RolloutBatch, rows: Tensor, max_rows: int, max_tokens: int, *, by_role: bool = False,
                   share_prefix: int = 0) -> Iterator[Tensor]:
-    """Split ``rows`` of ``batch`` into micro-batches under a row cap and a padded-token budget (``pack_rows``).
+    """Split ``rows`` of ``batch`` into micro-batches under a row cap and a budget of computed tokens (``pack_rows``).
 
     Rows are sorted longest first, so rows of similar length share a micro-batch (less padding). With ``by_role``
     (role adapters) or ``share_prefix``, every micro-batch holds rows of one role only; with ``share_prefix`` they are
@@ -168,7 +169,7 @@ def micro_batches(batch: RolloutBatch, rows: Tensor, max_rows: int, max_tokens: 
         batch: the rows' batch.
         rows: indices of the rows to pack.  # [n]
         max_rows: most rows per micro-batch.
-        max_tokens: most padded tokens per micro-batch (0: no token budget).
+        max_tokens: most computed tokens per micro-batch: padded rows, a shared prefix once (0: no token budget).
         by_role: never mix act and rehearse rows in one micro-batch.
         share_prefix: the shared-prefix threshold of the forward pass (0: off).
     """
