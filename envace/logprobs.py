@@ -58,7 +58,7 @@ def token_logps(
         logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()  # [N, T-1, V]
         valid = attention_mask[:, 1:].bool()  # [N, T-1]
         return _scores(logits, input_ids[:, 1:], valid, temperatures, with_entropy, _shift_right)
-    keep = nn.functional.pad(positions[:, 1:].bool() & attention_mask[:, 1:].bool(), (0, 1))  # [N, T]: predicts t+1
+    keep = kept_positions(positions, attention_mask)  # [N, T]
     groups = prefix_groups(input_ids, attention_mask, keep, share_prefix) if share_prefix else []
     if any(prefix for _, prefix in groups):
         logits = _kept_logits_grouped(model, input_ids, attention_mask, keep, groups).float()  # [K, V]
@@ -118,11 +118,29 @@ def prefix_groups(input_ids: Tensor, attention_mask: Tensor, keep: Tensor, min_p
     Returns:
         ``(rows, prefix)`` per group, rows ascending; the plain group (prefix 0), if any, last.
     """
-    lengths = attention_mask.sum(-1).tolist()
+    rows, limits = shareable_rows(input_ids, attention_mask.sum(-1).tolist(), keep)
+    return prefix_runs(rows, limits, min_prefix, overhead)
+
+
+def kept_positions(positions: Tensor, attention_mask: Tensor) -> Tensor:
+    """The positions whose logits score a wanted token (position ``t`` predicts token ``t + 1``).
+
+    Args:
+        positions: the wanted tokens (e.g. the loss mask).  # [N, T]
+        attention_mask: 1 on real tokens.  # [N, T]
+    """
+    return nn.functional.pad(positions[:, 1:].bool() & attention_mask[:, 1:].bool(), (0, 1))
+
+
+def shareable_rows(input_ids: Tensor, lengths: list[int], keep: Tensor) -> tuple[list[list[int]], list[int]]:
+    """Each row's real tokens, and the longest prefix of it that may be computed once for several rows.
+
+    A shared prefix ends before the row's first kept position and before its last token (every row keeps at least
+    one token of its own).
+    """
     first_kept = [int(row.nonzero()[0].item()) if row.any() else lengths[i] for i, row in enumerate(keep)]
     rows = [input_ids[i, : lengths[i]].tolist() for i in range(input_ids.shape[0])]
-    limits = [min(first_kept[i], lengths[i] - 1) for i in range(len(rows))]  # prefix may not reach a kept position
-    return prefix_runs(rows, limits, min_prefix, overhead)
+    return rows, [min(first_kept[i], lengths[i] - 1) for i in range(len(rows))]
 
 
 def prefix_runs(rows: list[list[int]], limits: list[int], min_prefix: int,

@@ -19,6 +19,7 @@ that fits comfortably.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -253,15 +254,12 @@ def return_freed_memory() -> bool:
     return bool(trim is not None and trim(0) >= 0)
 
 
+@functools.cache
 def _malloc_trim() -> Any:
-    global _TRIM
-    if _TRIM is False:
-        try:
-            _TRIM = ctypes.CDLL("libc.so.6").malloc_trim
-            _TRIM.argtypes, _TRIM.restype = [ctypes.c_size_t], ctypes.c_int
-        except (OSError, AttributeError):  # not glibc
-            _TRIM = None
-    return _TRIM
-
-
-_TRIM: Any = False
+    """The C library's ``malloc_trim`` (glibc), or None where it has none."""
+    try:
+        trim = ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return trim

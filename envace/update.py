@@ -15,7 +15,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from envace.logprobs import common_length
+from envace.logprobs import common_length, kept_positions, shareable_rows
 from envace.rollout.collate import RolloutBatch
 from envace.types import Role
 
@@ -145,10 +145,8 @@ def shared_prefixes(input_ids: Tensor, lengths: Tensor, positions: Tensor, min_p
         positions: the scored positions (the loss mask).  # [n, T]
         min_prefix: the ``share_prefix`` threshold.
     """
-    scored = positions[:, 1:].bool()  # the logit at position t scores token t + 1
-    first = torch.where(scored.any(-1), scored.int().argmax(-1), lengths - 1)  # [n]
-    limits = torch.minimum(first, lengths - 1).tolist()
-    rows = [input_ids[i, : int(n)].tolist() for i, n in enumerate(lengths)]
+    mask = torch.arange(input_ids.shape[1], device=lengths.device) < lengths[:, None]  # [n, T]
+    rows, limits = shareable_rows(input_ids, lengths.tolist(), kept_positions(positions, mask))
     out = [0]
     for i in range(1, len(rows)):
         common = min(common_length(rows[i - 1], rows[i]), limits[i - 1], limits[i])
