@@ -74,6 +74,7 @@ def long_tasks(path: Path, n: int = 600) -> str:
 
 def task_args(stage: str, name: str, work: Path) -> list[str]:
     if name == "long":
+        work.mkdir(parents=True, exist_ok=True)
         spec = long_tasks(work / "long.jsonl")
         return [f"--data.train_tasks={spec}"] + (["--data.demonstrations=600"] if stage == "rl" else [])
     if name == "desk":
@@ -147,7 +148,8 @@ def median_step(times: list[float]) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--stages", nargs="+", default=["sft", "rl"], choices=["sft", "rl"])
+    parser.add_argument("--stages", nargs="*", default=["sft", "rl"], choices=["sft", "rl"],
+                        help="the stages of the peak cases (none: the growth run only)")
     parser.add_argument("--sets", nargs="+", default=["bank", "desk", "long"], choices=["bank", "desk", "long"])
     parser.add_argument("--batches", nargs=2, type=int, default=[4, 16], help="the two batch sizes compared")
     parser.add_argument("--steps", type=int, default=3, help="optimiser steps per case")

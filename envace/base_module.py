@@ -163,8 +163,11 @@ class PolicyModule(L.LightningModule):
     def on_validation_end(self) -> None:
         """With ``export_best``: keep a host copy of the weights when the monitored metric is at its best so far.
 
-        A validation that ties the best so far replaces it: of equal scores the latest weights are exported.
+        A validation that ties the best so far replaces it: of equal scores the latest weights are exported. The
+        copy is refreshed in place, so a run holds one host copy however often the best improves. Memory the
+        validation freed goes back to the system (CPU).
         """
+        self.return_freed_memory()
         if self.export_best is None or self.trainer.sanity_checking or self.trainer.state.fn != "fit":
             return
         value = self.trainer.callback_metrics.get(self.export_best)
@@ -173,8 +176,7 @@ class PolicyModule(L.LightningModule):
             raise KeyError(f"export_best={self.export_best!r} is not a logged metric; logged: {logged}")
         if self.best is None or float(value) >= self.best[0]:  # a tie: the later weights (trained longer) win
             assert self.model is not None
-            weights = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
-            self.best = (float(value), weights)
+            self.best = (float(value), host_copy(self.model.state_dict(), self.best[1] if self.best else None))
             rank_zero_info(f"{self.export_best} = {float(value):.4f} at step {self.global_step}: best so far, kept")
 
     def on_train_end(self) -> None:
@@ -208,3 +210,12 @@ class PolicyModule(L.LightningModule):
             return None
         root = self.trainer.default_root_dir if self._trainer is not None else "."
         return self.export_dir.replace("{root}", str(root))
+
+
+def host_copy(state: dict[str, Tensor], into: dict[str, Tensor] | None = None) -> dict[str, Tensor]:
+    """A host (CPU) copy of ``state``'s tensors, written into ``into``'s tensors where given (no new allocation)."""
+    if into is None or into.keys() != state.keys() or any(into[k].shape != v.shape for k, v in state.items()):
+        return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
+    for key, value in state.items():
+        into[key].copy_(value.detach())
+    return into

@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+import torch.utils.checkpoint
 import transformers.modeling_utils
 from torch import Tensor, nn
 from transformers import DynamicCache
@@ -55,15 +56,15 @@ def token_logps(
         # [N, T], [N, T]
     """
     if positions is None:
-        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()  # [N, T-1, V]
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]  # [N, T-1, V]
         valid = attention_mask[:, 1:].bool()  # [N, T-1]
         return _scores(logits, input_ids[:, 1:], valid, temperatures, with_entropy, _shift_right)
     keep = kept_positions(positions, attention_mask)  # [N, T]
     groups = prefix_groups(input_ids, attention_mask, keep, share_prefix) if share_prefix else []
     if any(prefix for _, prefix in groups):
-        logits = _kept_logits_grouped(model, input_ids, attention_mask, keep, groups).float()  # [K, V]
+        logits = _kept_logits_grouped(model, input_ids, attention_mask, keep, groups)  # [K, V]
     else:
-        logits = _kept_logits(model, input_ids, attention_mask, keep).float()  # [K, V]
+        logits = _kept_logits(model, input_ids, attention_mask, keep)  # [K, V]
     targets = input_ids[:, 1:][keep[:, :-1]]  # [K]
     rows = torch.nonzero(keep[:, :-1], as_tuple=True)[0]  # [K]
 
@@ -210,12 +211,13 @@ def _kept_logits_shared(model: nn.Module, input_ids: Tensor, attention_mask: Ten
 
     The rows' suffixes attend to the repeated states, which they read and never extend (``ReadOnlyPrefix``); backward
     sums each row's gradient into the one prefix pass. No kept position lies in the prefix (``prefix_groups``), so
-    the kept logits are all the suffixes'. Under activation checkpointing the prefix pass keeps its activations (it
-    must fill the cache) and the suffix pass recomputes its layers in backward, reading the same prefix states.
+    the kept logits are all the suffixes'. Under activation checkpointing both passes recompute their checkpointed
+    layers in backward: the prefix pass fills its cache once (``FillOnce``), and the suffix pass reads the same
+    prefix states (``ReadOnlyPrefix``).
     """
     name = cache_kwarg(model)
-    cache = DynamicCache()
-    with _layer_flags(model, gradient_checkpointing=False):
+    cache = FillOnce()
+    with _layer_flags(model, _can_checkpoint_with_cache=True):
         model(input_ids=input_ids[:1, :prefix], attention_mask=attention_mask[:1, :prefix], use_cache=True,
               logits_to_keep=1, **{name: cache})
     if cache.get_seq_length() != prefix:
@@ -228,6 +230,23 @@ def _kept_logits_shared(model: nn.Module, input_ids: Tensor, attention_mask: Ten
         logits = model(input_ids=input_ids[:, prefix:], attention_mask=attention_mask, use_cache=False,
                        **{name: ReadOnlyPrefix(cache)}, **kwargs).logits
     return logits[tail_keep] if logits.dim() == 3 else logits
+
+
+class FillOnce(DynamicCache):
+    """A cache that a prefix pass fills once per layer: a layer recomputed in backward gets its states back unstored.
+
+    Under activation checkpointing a layer's forward runs again in backward; a plain cache would append the
+    recomputed keys and values a second time. The first update of a layer stores its states and returns them, as
+    ``DynamicCache`` does on an empty layer; a later one (the recomputation, the same numbers) returns its arguments
+    and stores nothing, so the recomputed attention reads exactly what the forward read.
+    """
+
+    def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args: Any,
+               **kwargs: Any) -> tuple[Tensor, Tensor]:
+        """Store layer ``layer_idx``'s states the first time; afterwards return them as given."""
+        if layer_idx < len(self.layers) and self.layers[layer_idx].is_initialized:
+            return key_states, value_states
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
 
 class ReadOnlyPrefix(DynamicCache):
@@ -277,27 +296,70 @@ def _shift_right(x: Tensor) -> Tensor:
     return nn.functional.pad(x, (1, 0))
 
 
+SCORE_CHUNK = 128
+"""Positions whose vocabulary-wide float32 work (log-softmax, entropy) runs at once; see ``_scores``."""
+
+
 def _scores(logits: Tensor, targets: Tensor, valid: Tensor | None, temperatures: Tensor | None, with_entropy: bool,
             place: Callable[[Tensor], Tensor]) -> tuple[Tensor, Tensor | None]:
     """Log-prob of ``targets`` (and entropy) from ``logits`` [..., V], laid out as [N, T] by ``place``.
 
-    ``temperatures`` has one entry per leading index of ``logits`` (a row, or a kept position).
+    ``temperatures`` has one entry per leading index of ``logits`` (a row, or a kept position). The float32 work runs
+    on ``SCORE_CHUNK`` positions at a time and, when a gradient is wanted, is recomputed per chunk in backward
+    (activation checkpointing): a chunk keeps only its slice of the model's logits (bf16 under mixed precision), not
+    the float32 copies, the log-sum-exp's input and the softmax of every kept position at once, which on a 49k
+    vocabulary are about 200 KB a position each. The values are the unchunked ones: every operation is per position.
     """
+    vocab = logits.shape[-1]
+    flat = logits.reshape(-1, vocab)  # [M, V]
+    temps = None
     if temperatures is not None:
-        t = torch.where(temperatures > 0, temperatures, torch.ones_like(temperatures)).to(logits)
-        logits = logits / t.reshape(t.shape + (1,) * (logits.dim() - t.dim()))
-    lse = torch.logsumexp(logits, dim=-1)
-    picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    scores = picked - lse
+        t = torch.where(temperatures > 0, temperatures, torch.ones_like(temperatures)).float()
+        temps = t.reshape(t.shape + (1,) * (logits.dim() - 1 - t.dim())).expand(logits.shape[:-1]).reshape(-1)  # [M]
+    picked = targets.reshape(-1)  # [M]
+    parts, entropies = [], []
+    for lo in range(0, flat.shape[0], SCORE_CHUNK):
+        part = slice(lo, lo + SCORE_CHUNK)
+        chunk_temps = temps[part] if temps is not None else None
+        if torch.is_grad_enabled() and flat.requires_grad:
+            scores = torch.utils.checkpoint.checkpoint(_chunk_logps, flat[part], picked[part], chunk_temps,
+                                                       use_reentrant=False)
+        else:
+            scores = _chunk_logps(flat[part], picked[part], chunk_temps)
+        parts.append(scores)
+        if with_entropy:
+            with torch.no_grad():
+                entropies.append(_chunk_entropy(flat[part], chunk_temps))
+    scores = torch.cat(parts).reshape(logits.shape[:-1]) if parts else flat.new_zeros(logits.shape[:-1]).float()
     if valid is not None:
         scores = scores * valid.to(scores.dtype)
     logps = place(scores)
     entropy = None
     if with_entropy:
-        with torch.no_grad():
-            probs = torch.softmax(logits, dim=-1)
-            ent = lse - (probs * logits).sum(-1)
-            if valid is not None:
-                ent = ent * valid.to(ent.dtype)
-            entropy = place(ent)
+        ent = torch.cat(entropies).reshape(logits.shape[:-1]) if entropies else torch.zeros_like(scores)
+        if valid is not None:
+            ent = ent * valid.to(ent.dtype)
+        entropy = place(ent)
     return logps, entropy
+
+
+def _chunk_logps(logits: Tensor, targets: Tensor, temperatures: Tensor | None) -> Tensor:
+    """Each position's log-softmax(logits / T) at its target, in float32.
+
+    Shapes: logits [C, V], targets [C], temperatures [C]; returns [C].
+    """
+    logits = logits.float()
+    if temperatures is not None:
+        logits = logits / temperatures[:, None]
+    return logits.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def _chunk_entropy(logits: Tensor, temperatures: Tensor | None) -> Tensor:
+    """Each position's entropy of softmax(logits / T), in float32.
+
+    Shapes: logits [C, V], temperatures [C]; returns [C].
+    """
+    logits = logits.float()
+    if temperatures is not None:
+        logits = logits / temperatures[:, None]
+    return torch.logsumexp(logits, dim=-1) - (torch.softmax(logits, dim=-1) * logits).sum(-1)

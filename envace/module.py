@@ -259,6 +259,7 @@ class EnvACEModule(PolicyModule):
         judge_masked = mask_groups_with_failed_judging(episodes)  # a judge failure drops its whole group
         quality = self.quality.after_scoring(episodes, audited, self.rewards)
         batch = self._collate(episodes, tasks)
+        self.return_freed_memory()  # the engine's keys and values of the finished episodes
         elapsed = time.perf_counter() - start
         generated = self._generated_tokens() - generated_before
         batch.metrics = {"rollout_time_s": elapsed, "generated_tokens": float(generated), **quality,

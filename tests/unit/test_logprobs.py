@@ -299,3 +299,60 @@ def test_share_prefix_works_under_activation_checkpointing(tiny_tokenizer, share
     assert torch.equal(plain, ckpt) and plain.abs().sum() > 0
     for a, b in zip(plain_grads, ckpt_grads):
         assert torch.allclose(a, b, atol=1e-7, rtol=1e-6)
+
+
+def _saved_prefix_bytes(model: nn.Module, ids: Tensor, mask: Tensor, scored: Tensor, prefix_len: int) -> int:
+    """Bytes of the tensors autograd keeps for backward whose sequence axis is the shared prefix's."""
+    saved = [0]
+
+    def pack(t: Tensor) -> Tensor:
+        if t.dim() >= 2 and prefix_len in t.shape[-3:-1]:
+            saved[0] += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        token_logps(model, ids, mask, positions=scored, share_prefix=8)
+    return saved[0]
+
+
+def test_activation_checkpointing_also_recomputes_the_shared_prefix(tiny_tokenizer) -> None:
+    from envace.policy import TinyPolicy
+    from envace.policy.hf import checkpoint_layers
+
+    ids, mask, scored = _shared_rows(40, [10, 25, 7, 18], first_scored=42)
+    model, _ = TinyPolicy(hidden=64, layers=4).build()
+    model.train()
+    plain = _saved_prefix_bytes(model, ids, mask, scored, 40)
+    checkpoint_layers(model, 1.0)
+    checkpointed = _saved_prefix_bytes(model, ids, mask, scored, 40)
+    # without checkpointing every layer keeps its prefix activations (norms, projections, MLP: tens of KB); with
+    # every layer checkpointed the prefix pass keeps only what lies outside the layers (the embedding's output)
+    assert plain > 0 and checkpointed < plain / 10
+
+
+def test_scores_in_chunks_equal_the_whole_and_keep_no_float32_vocabulary_tensor(tiny_tokenizer, monkeypatch) -> None:
+    import envace.logprobs as logprobs
+    from envace.policy import TinyPolicy
+
+    ids, mask, scored = _shared_rows(12, [10, 25, 7, 18], first_scored=5)
+    temps = torch.tensor([1.0, 0.3, 0.0, 0.7])
+    results = []
+    for chunk in (10**6, 7):  # one chunk (the whole), then 7 positions at a time, with a ragged last chunk
+        monkeypatch.setattr(logprobs, "SCORE_CHUNK", chunk)
+        torch.manual_seed(0)
+        model, _ = TinyPolicy(hidden=64, layers=2).build()
+        vocab = model.config.vocab_size
+        saved: list[Tensor] = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t, saved=saved: saved.append(t) or t, lambda t: t):
+            logps, entropy = token_logps(model, ids, mask, temps, positions=scored, with_entropy=True)
+        (logps * torch.arange(logps.numel()).reshape(logps.shape)).sum().backward()  # a different weight per token
+        results.append((logps.detach(), entropy, [p.grad.clone() for p in model.parameters()]))
+        # the float32 work is recomputed in backward: autograd keeps no vocabulary-wide tensor of its own (without
+        # chunks the log-sum-exp kept its temperature-scaled input, a new [K, V] tensor)
+        assert not [t for t in saved if t.shape[-1:] == (vocab,) and t._base is None]
+    (whole, whole_ent, whole_grads), (chunked, chunked_ent, chunked_grads) = results
+    # every operation is per position: the chunks compute the same numbers
+    assert torch.equal(whole, chunked) and whole.abs().sum() > 0
+    assert torch.equal(whole_ent, chunked_ent) and whole_ent.sum() > 0
+    for a, b in zip(whole_grads, chunked_grads):  # the same sums; a few ulps if a kernel orders one differently
+        assert torch.allclose(a, b, atol=1e-7, rtol=1e-6)
