@@ -48,7 +48,8 @@ BUDGET_KEY = {"sft": "--model.init_args.micro_batch_tokens", "rl": "--model.grpo
 CHECKPOINT_KEY = {"sft": "--model.init_args.policy.init_args.gradient_checkpointing",
                   "rl": "--model.policy.init_args.gradient_checkpointing"}
 LIMIT_KEY = {"sft": "--model.init_args.memory_limit_gb", "rl": "--model.memory_limit_gb"}
-GIB = 1024**3
+GB = 10**9
+"""Every figure is in GB of 10^9 bytes, the unit of the summary's keys (``ru_maxrss`` counts KiB)."""
 
 
 def long_tasks(path: Path, n: int = 600) -> str:
@@ -118,7 +119,7 @@ def child(args: list[str], rss_every_step: bool) -> None:
             times.append(time.perf_counter() - self.start)
             if rss_every_step:
                 pages = int(Path("/proc/self/statm").read_text().split()[1])
-                rss.append(pages * os.sysconf("SC_PAGE_SIZE") / GIB)
+                rss.append(pages * os.sysconf("SC_PAGE_SIZE") / GB)
 
     class ClockCLI(EnvaceCLI):
         def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[L.Callback]) -> L.Trainer:
@@ -126,9 +127,9 @@ def child(args: list[str], rss_every_step: bool) -> None:
 
     sys.argv = ["envace"]
     cli_main(args, cli_class=ClockCLI)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GB
     if torch.cuda.is_available():
-        peak = torch.cuda.max_memory_allocated() / GIB
+        peak = torch.cuda.max_memory_allocated() / GB
     print("RESULT " + json.dumps({"times": times, "rss": rss, "peak_gb": peak}), flush=True)
 
 
@@ -181,7 +182,7 @@ def main(argv: list[str] | None = None) -> None:
                     peaks[(stage, task_set, batch, budget)] = result["peak_gb"]
                     rows.append((stage, task_set, batch, "off" if budget == "0" else "default", result["peak_gb"],
                                  step))
-                    print(f"{stage} {task_set} batch {batch} budget {budget}: peak {result['peak_gb']:.2f} GiB, "
+                    print(f"{stage} {task_set} batch {batch} budget {budget}: peak {result['peak_gb']:.2f} GB, "
                           f"step {step:.1f} s", flush=True)
                 if opts.baseline:
                     step_ratio.append(times[(small, "default")] / times[(small, "0")])
@@ -196,10 +197,10 @@ def main(argv: list[str] | None = None) -> None:
             rss = run_case(args, rss_every_step=True)["rss"]
             start = min(interval, len(rss) - 2)  # the first reading after the first validation: warm-up done
             growth = (rss[-1] - rss[start]) * 100 / (len(rss) - 1 - start)
-            print(f"growth: {rss[0]:.2f} GiB after step 1, {rss[start]:.2f} after step {start + 1} (after the first "
+            print(f"growth: {rss[0]:.2f} GB after step 1, {rss[start]:.2f} after step {start + 1} (after the first "
                   f"validation), {rss[-1]:.2f} after step {len(rss)}; every step: "
                   f"{' '.join(f'{x:.2f}' for x in rss)}", flush=True)
-    print("\n| stage | tasks | batch | budget | peak GiB | step s |\n|---|---|---|---|---|---|")
+    print("\n| stage | tasks | batch | budget | peak GB | step s |\n|---|---|---|---|---|---|")
     for stage, task_set, batch, budget, peak, step in rows:
         print(f"| {stage} | {task_set} | {batch} | {budget} | {peak:.2f} | {step:.1f} |")
     default = {k: v for k, v in peaks.items() if k[3] == "default"}

@@ -316,20 +316,21 @@ def _scores(logits: Tensor, targets: Tensor, valid: Tensor | None, temperatures:
     if temperatures is not None:
         t = torch.where(temperatures > 0, temperatures, torch.ones_like(temperatures)).float()
         temps = t.reshape(t.shape + (1,) * (logits.dim() - 1 - t.dim())).expand(logits.shape[:-1]).reshape(-1)  # [M]
-    picked = targets.reshape(-1)  # [M]
+    picked = targets.reshape(-1).split(SCORE_CHUNK)  # [M] in chunks
+    chunk_temps = temps.split(SCORE_CHUNK) if temps is not None else [None] * len(picked)
     parts, entropies = [], []
-    for lo in range(0, flat.shape[0], SCORE_CHUNK):
-        part = slice(lo, lo + SCORE_CHUNK)
-        chunk_temps = temps[part] if temps is not None else None
-        if torch.is_grad_enabled() and flat.requires_grad:
-            scores = torch.utils.checkpoint.checkpoint(_chunk_logps, flat[part], picked[part], chunk_temps,
+    # split, not slicing: its backward concatenates the chunks' gradients once, where each slice's backward would
+    # write its chunk into a zeroed [M, V] tensor (quadratic in the positions)
+    for chunk, chunk_targets, chunk_temp in zip(flat.split(SCORE_CHUNK), picked, chunk_temps):
+        if torch.is_grad_enabled() and chunk.requires_grad:
+            scores = torch.utils.checkpoint.checkpoint(_chunk_logps, chunk, chunk_targets, chunk_temp,
                                                        use_reentrant=False)
         else:
-            scores = _chunk_logps(flat[part], picked[part], chunk_temps)
+            scores = _chunk_logps(chunk, chunk_targets, chunk_temp)
         parts.append(scores)
         if with_entropy:
             with torch.no_grad():
-                entropies.append(_chunk_entropy(flat[part], chunk_temps))
+                entropies.append(_chunk_entropy(chunk, chunk_temp))
     scores = torch.cat(parts).reshape(logits.shape[:-1]) if parts else flat.new_zeros(logits.shape[:-1]).float()
     if valid is not None:
         scores = scores * valid.to(scores.dtype)

@@ -58,3 +58,16 @@ def test_an_unlogged_metric_is_an_error() -> None:
         sanity_checking=False, state=SimpleNamespace(fn="fit"), global_step=0, callback_metrics={"val/other": 1.0})
     with pytest.raises(KeyError, match="export_best='val/success_act' is not a logged metric"):
         module.on_validation_end()
+
+
+def test_a_better_validation_refreshes_the_one_host_copy_in_place() -> None:
+    module = Module()
+    validate(module, 0.5, weight=1.0, step=10)
+    assert module.best is not None
+    copy = module.best[1]["weight"]
+    assert copy.data_ptr() != module.model.weight.data_ptr()  # a copy, not the live weights
+    validate(module, 0.75, weight=2.0, step=20)
+    assert kept(module) == (0.75, 2.0) and module.best[1]["weight"] is copy  # written into, not reallocated
+    with torch.no_grad():
+        module.model.weight.fill_(3.0)  # training goes on: the kept copy does not follow the live weights
+    assert kept(module) == (0.75, 2.0)
