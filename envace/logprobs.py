@@ -323,14 +323,13 @@ def _scores(logits: Tensor, targets: Tensor, valid: Tensor | None, temperatures:
     # write its chunk into a zeroed [M, V] tensor (quadratic in the positions)
     for chunk, chunk_targets, chunk_temp in zip(flat.split(SCORE_CHUNK), picked, chunk_temps):
         if torch.is_grad_enabled() and chunk.requires_grad:
-            scores = torch.utils.checkpoint.checkpoint(_chunk_logps, chunk, chunk_targets, chunk_temp,
-                                                       use_reentrant=False)
+            scores, ent = torch.utils.checkpoint.checkpoint(_chunk_scores, chunk, chunk_targets, chunk_temp,
+                                                            with_entropy, use_reentrant=False)
         else:
-            scores = _chunk_logps(chunk, chunk_targets, chunk_temp)
+            scores, ent = _chunk_scores(chunk, chunk_targets, chunk_temp, with_entropy)
         parts.append(scores)
-        if with_entropy:
-            with torch.no_grad():
-                entropies.append(_chunk_entropy(chunk, chunk_temp))
+        if ent is not None:
+            entropies.append(ent)
     scores = torch.cat(parts).reshape(logits.shape[:-1]) if parts else flat.new_zeros(logits.shape[:-1]).float()
     if valid is not None:
         scores = scores * valid.to(scores.dtype)
@@ -344,23 +343,18 @@ def _scores(logits: Tensor, targets: Tensor, valid: Tensor | None, temperatures:
     return logps, entropy
 
 
-def _chunk_logps(logits: Tensor, targets: Tensor, temperatures: Tensor | None) -> Tensor:
-    """Each position's log-softmax(logits / T) at its target, in float32.
+def _chunk_scores(logits: Tensor, targets: Tensor, temperatures: Tensor | None,
+                  with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+    """Each position's log-softmax(logits / T) at its target, and its entropy (no gradient), in float32.
 
-    Shapes: logits [C, V], targets [C], temperatures [C]; returns [C].
+    Shapes: logits [C, V], targets [C], temperatures [C]; returns [C] and [C] (or None).
     """
     logits = logits.float()
     if temperatures is not None:
         logits = logits / temperatures[:, None]
-    return logits.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-
-
-def _chunk_entropy(logits: Tensor, temperatures: Tensor | None) -> Tensor:
-    """Each position's entropy of softmax(logits / T), in float32.
-
-    Shapes: logits [C, V], temperatures [C]; returns [C].
-    """
-    logits = logits.float()
-    if temperatures is not None:
-        logits = logits / temperatures[:, None]
-    return torch.logsumexp(logits, dim=-1) - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+    lse = torch.logsumexp(logits, dim=-1)
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            entropy = lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+    return logits.gather(-1, targets[:, None]).squeeze(-1) - lse, entropy
