@@ -2,15 +2,17 @@
 
 Each case is a fresh ``envace fit`` process (``--child``), so its peak resident memory (``ru_maxrss``; on CUDA the
 peak allocation) is its own. A case runs a few optimiser steps of a config at its defaults, with only the task set,
-the batch size and the token budget changed; the step time is the median of the steps after the first.
+the batch size and the token budget changed; the step time is the mean of the steps after the first (the two paths
+of a comparison run the same seeded batches).
 
 - ``sft``: ``lit_configs/smollm2_sft.yaml`` from the prepared SmolLM2-135M-Instruct (no validation);
 - ``rl``: ``lit_configs/smollm2_rl.yaml`` from the same (untrained) model, acting and rehearsing (no validation,
   no fidelity gate);
 - task sets: ``bank`` and ``desk`` (built in) and ``long``: bank tasks whose recorded tool responses carry a long
   statement (about 600 tokens each), the shape of a user's world with verbose tools;
-- ``budget=off`` is the path before the token budget (``micro_batch_tokens=0``, no activation checkpointing):
-  today's step time, measured in the same run as the default's, on the same machine;
+- ``budget=off`` is the path before the token budget (``micro_batch_tokens=0``, no activation checkpointing, no freed
+  memory returned to the system): today's step time, measured in the same run as the default's, on the same machine;
+  ``off+trim`` is the same with freed memory returned after every micro-batch and step, as the code now does;
 - growth: one SFT run of ``--growth-steps`` steps (bank, batch 4, a validation every quarter of the run and
   ``export_best`` host copies included), its resident memory read after every step; the growth is the last reading
   minus the first reading after the first validation (which builds what a run holds once: the best weights' host
@@ -22,8 +24,9 @@ Run on an idle machine, one job at a time (``uptime`` first)::
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/memory.py --sets bank --stages sft --batches 4 16 --growth-steps 0
 
 The last line is ``SUMMARY sft_peak_gb=... rl_peak_gb=... peak_ratio_batch16_over_batch4=...
-growth_gb_per_100_steps=... step_time_ratio=...`` (the largest peaks at the defaults over the sets, the largest
-batch-16 / batch-4 ratio, the growth scaled to 100 steps, and the default's step time over the budget-off one).
+growth_gb_per_100_steps=... step_time_ratio=... step_time_ratio_over_trimmed_off=...`` (the largest peaks at the
+defaults over the sets, the largest batch-16 / batch-4 ratio, the growth scaled to 100 steps, and the default's step
+time over the ``off`` one and over the ``off+trim`` one).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -49,6 +53,9 @@ CHECKPOINT_KEY = {"sft": "--model.init_args.policy.init_args.gradient_checkpoint
                   "rl": "--model.policy.init_args.gradient_checkpointing"}
 LIMIT_KEY = {"sft": "--model.init_args.memory_limit_gb", "rl": "--model.memory_limit_gb"}
 GB = 10**9
+LABELS = {"default": "default", "0": "off", "0+trim": "off+trim"}
+"""The budgets a case runs: the config's, off as before this work, and off with freed memory returned (today's code
+with the budget and checkpointing off)."""
 """Every figure is in GB of 10^9 bytes, the unit of the summary's keys (``ru_maxrss`` counts KiB)."""
 
 
@@ -94,19 +101,26 @@ def case_args(stage: str, task_set: str, batch: int, budget: str, steps: int, ro
     else:
         args += [f"--model.policy.init_args.name_or_path={MODEL}", "--model.export_dir=null",
                  "--model.fidelity_gate=null"]
-    if budget != "default":
-        args.append(f"{BUDGET_KEY[stage]}={budget}")
-    if budget == "0":  # the path before the budget: one forward/backward per role, nothing recomputed, no check
-        args += [f"{CHECKPOINT_KEY[stage]}=false", f"{LIMIT_KEY[stage]}=0"]
+    if budget != "default":  # the path before the budget: one forward/backward per role, nothing recomputed, no check
+        args += [f"{BUDGET_KEY[stage]}=0", f"{CHECKPOINT_KEY[stage]}=false", f"{LIMIT_KEY[stage]}=0"]
     return args + task_args(stage, task_set, root)
 
 
-def child(args: list[str], rss_every_step: bool) -> None:
-    """Run ``envace`` in this process; print the step times, the RSS per step and the peak as one JSON line."""
+def child(args: list[str], rss_every_step: bool, before: bool = False) -> None:
+    """Run ``envace`` in this process; print the step times, the RSS per step and the peak as one JSON line.
+
+    ``before``: the path before the token budget also returned no freed memory to the system between micro-batches
+    and steps (``envace.memory.return_freed_memory``, which costs the page faults of refilling it), so its step
+    time is measured without it.
+    """
     import lightning as L
     import torch
 
+    import envace.base_module
     from envace.cli import EnvaceCLI, cli_main
+
+    if before:
+        envace.base_module.return_freed_memory = lambda: False
 
     times: list[float] = []
     rss: list[float] = []
@@ -133,9 +147,10 @@ def child(args: list[str], rss_every_step: bool) -> None:
     print("RESULT " + json.dumps({"times": times, "rss": rss, "peak_gb": peak}), flush=True)
 
 
-def run_case(args: list[str], rss_every_step: bool = False) -> dict[str, Any]:
+def run_case(args: list[str], rss_every_step: bool = False, before: bool = False) -> dict[str, Any]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [sys.executable, __file__, "--child", json.dumps(args)] + (["--rss"] if rss_every_step else [])
+    cmd = [sys.executable, __file__, "--child", json.dumps(args)] + (["--rss"] if rss_every_step else []) + (
+        ["--before"] if before else [])
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode or not lines:
@@ -143,8 +158,10 @@ def run_case(args: list[str], rss_every_step: bool = False) -> dict[str, Any]:
     return json.loads(lines[-1].removeprefix("RESULT "))
 
 
-def median_step(times: list[float]) -> float:
-    return statistics.median(times[1:] if len(times) > 1 else times)
+def mean_step(times: list[float]) -> float:
+    """The mean step time after the first step (which builds the optimiser state); both paths of a comparison run
+    the same seeded batches, so their means cover the same rows."""
+    return statistics.fmean(times[1:] if len(times) > 1 else times)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -153,15 +170,16 @@ def main(argv: list[str] | None = None) -> None:
                         help="the stages of the peak cases (none: the growth run only)")
     parser.add_argument("--sets", nargs="+", default=["bank", "desk", "long"], choices=["bank", "desk", "long"])
     parser.add_argument("--batches", nargs=2, type=int, default=[4, 16], help="the two batch sizes compared")
-    parser.add_argument("--steps", type=int, default=3, help="optimiser steps per case")
+    parser.add_argument("--steps", type=int, default=4, help="optimiser steps per case")
     parser.add_argument("--growth-steps", type=int, default=100, help="steps of the growth run (0: none)")
     parser.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=True,
                         help="also run the smaller batch with the budget off (today's path) for the step time")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--rss", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--before", action="store_true", help=argparse.SUPPRESS)
     opts = parser.parse_args(argv)
     if opts.child:
-        child(json.loads(opts.child), opts.rss)
+        child(json.loads(opts.child), opts.rss, opts.before)
         return
     if not MODEL.is_dir():
         raise SystemExit(f"{MODEL}: run `envace prepare-model smollm2-135m-instruct` first")
@@ -169,23 +187,27 @@ def main(argv: list[str] | None = None) -> None:
     rows: list[tuple[str, str, int, str, float, float]] = []
     peaks: dict[tuple[str, str, int, str], float] = {}
     step_ratio: list[float] = []
+    trimmed_ratio: list[float] = []
     with tempfile.TemporaryDirectory(prefix="envace-memory-") as tmp:
         for stage in opts.stages:
             for task_set in opts.sets:
-                budgets = [(small, "default"), (large, "default")] + ([(small, "0")] if opts.baseline else [])
+                budgets = [(small, "default"), (large, "default")] + (
+                    [(small, "0"), (small, "0+trim")] if opts.baseline else [])
                 times = {}
                 for batch, budget in budgets:
                     root = Path(tmp, f"{stage}-{task_set}-{batch}-{budget}")
-                    result = run_case(case_args(stage, task_set, batch, budget, opts.steps, root))
-                    step = median_step(result["times"])
+                    result = run_case(case_args(stage, task_set, batch, budget, opts.steps, root), before=budget == "0")
+                    shutil.rmtree(root, ignore_errors=True)  # its last.ckpt: 1.4 GB a case
+                    step = mean_step(result["times"])
                     times[(batch, budget)] = step
                     peaks[(stage, task_set, batch, budget)] = result["peak_gb"]
-                    rows.append((stage, task_set, batch, "off" if budget == "0" else "default", result["peak_gb"],
+                    rows.append((stage, task_set, batch, LABELS[budget], result["peak_gb"],
                                  step))
                     print(f"{stage} {task_set} batch {batch} budget {budget}: peak {result['peak_gb']:.2f} GB, "
                           f"step {step:.1f} s", flush=True)
                 if opts.baseline:
                     step_ratio.append(times[(small, "default")] / times[(small, "0")])
+                    trimmed_ratio.append(times[(small, "default")] / times[(small, "0+trim")])
         growth = float("nan")
         if opts.growth_steps:
             root = Path(tmp, "growth")
@@ -210,8 +232,10 @@ def main(argv: list[str] | None = None) -> None:
               for (s, t, b, _) in default if b == small and (s, t, large, "default") in default]
     ratio = max(ratios, default=float("nan"))
     steps = max(step_ratio, default=float("nan"))
+    trimmed = max(trimmed_ratio, default=float("nan"))
     print(f"SUMMARY sft_peak_gb={sft:.2f} rl_peak_gb={rl:.2f} peak_ratio_batch16_over_batch4={ratio:.3f} "
-          f"growth_gb_per_100_steps={growth:.3f} step_time_ratio={steps:.3f}")
+          f"growth_gb_per_100_steps={growth:.3f} step_time_ratio={steps:.3f} "
+          f"step_time_ratio_over_trimmed_off={trimmed:.3f}")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from envace.errors import UserError
+from envace.policy.checkpointing import checkpointed_layers
 
 GIB = 1024**3
 
@@ -86,21 +87,27 @@ def _dims(config: Any) -> tuple[int, int, int, int, int]:
     return int(text.num_hidden_layers), hidden, intermediate, kv_heads * head_dim, int(text.vocab_size)
 
 
-def activation_bytes_per_token(config: Any, mixed: bool, checkpointed: int = 0) -> int:
+def activation_bytes_per_token(config: Any, mixed: bool, checkpointed: int = 0, selective: int = 0) -> int:
     """Bytes of activations a training forward keeps per token for backward, over every layer.
 
     Per decoder layer, under bf16/fp16 autocast: the float32 residual stream and normalisations (about 40 bytes per
     hidden unit, the attention projections included) and the MLP's gate, up, activation and product in 16 bits (10
     bytes per intermediate unit). float32 training keeps the same tensors at 4 bytes (x1.6). Of the ``checkpointed``
-    layers (activation checkpointing) only the float32 input is kept, plus one layer's activations while it is
-    recomputed.
+    layers (activation checkpointing, ``full``) only the float32 input is kept; of the ``selective`` ones the input
+    and the outputs of the matrix products and the attention kernel (queries, keys, values, attention output, output
+    projection, gate, up and down: ``4 * hidden + 2 * kv + 2 * intermediate`` values); plus one layer's activations
+    while a checkpointed layer is recomputed.
     """
     layers, hidden, intermediate, kv, _ = _dims(config)
     per_layer = 40 * hidden + 10 * intermediate + 8 * kv
     if not mixed:
         per_layer = int(per_layer * 1.6)
     checkpointed = min(max(checkpointed, 0), layers)
-    return (layers - checkpointed) * per_layer + checkpointed * 4 * hidden + (per_layer if checkpointed else 0)
+    selective = min(max(selective, 0), layers - checkpointed)
+    kept = (2 if mixed else 4) * (4 * hidden + 2 * kv + 2 * intermediate) + 4 * hidden
+    plain = layers - checkpointed - selective
+    return (plain * per_layer + checkpointed * 4 * hidden + selective * kept
+            + (per_layer if checkpointed or selective else 0))
 
 
 def kv_bytes_per_token(config: Any, dtype_bytes: int) -> int:
@@ -160,8 +167,9 @@ def estimate(model: nn.Module, work: Workload, *, mixed: bool, reference: nn.Mod
     low = mixed or any(p.element_size() == 2 and p.is_floating_point() for p in params[:1])  # 16-bit activations
     if config is not None:
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        checkpointed = sum(getattr(m, "gradient_checkpointing", False) is True for m in base.modules())
-        parts["activations"] = work.micro_batch_tokens * activation_bytes_per_token(config, low, checkpointed)
+        layers = checkpointed_layers(base)
+        parts["activations"] = work.micro_batch_tokens * activation_bytes_per_token(config, low, layers["full"],
+                                                                                    layers["selective"])
         parts["logits"] = work.scored_tokens * _dims(config)[4] * LOGIT_BYTES
         kv = kv_bytes_per_token(config, 2 if low else 4)
         parts["engine_cache"] = work.generation_rows * work.generation_tokens * kv

@@ -780,7 +780,7 @@ REGISTRY: dict[str, Entry] = {
     "OMP_NUM_THREADS=1 .venv/bin/python benchmarks/rollout_efficiency.py [--tasks builtin:bank-test:16] "
     "[--group-size 4] [--world rehearse|real] [--engine cached|hf] [--model tiny|DIR]": parse_only(
         "checks", synopsis, "a synopsis; checked: each option and alternative parses (the runs above run it)"),
-    "OMP_NUM_THREADS=2 .venv/bin/python benchmarks/memory.py [--stages sft rl] [--sets bank desk long] [--steps 3]":
+    "OMP_NUM_THREADS=2 .venv/bin/python benchmarks/memory.py [--stages sft rl] [--sets bank desk long] [--steps 4]":
         parse_only("checks", synopsis, "a synopsis; checked: each option parses (a full run trains SmolLM2 for about "
                    "an hour; tests/unit/test_memory_estimate.py checks its task set and its case arguments)"),
     ".venv/bin/python benchmarks/scaling.py [--steps 4] [--knobs group_size turns context]": parse_only(

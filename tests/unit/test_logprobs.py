@@ -276,10 +276,10 @@ def test_share_prefix_falls_back_when_the_prefix_is_short_or_missing(tiny_tokeni
     assert torch.equal(plain, shared)  # the same single forward, bit for bit
 
 
-@pytest.mark.parametrize("share", [1.0, 0.5])
-def test_share_prefix_works_under_activation_checkpointing(tiny_tokenizer, share) -> None:
+@pytest.mark.parametrize(("share", "mode"), [(1.0, "full"), (0.5, "full"), (1.0, "selective"), (0.5, "selective")])
+def test_share_prefix_works_under_activation_checkpointing(tiny_tokenizer, share, mode) -> None:
     from envace.policy import TinyPolicy
-    from envace.policy.hf import checkpoint_layers
+    from envace.policy.checkpointing import checkpoint_layers, checkpointed_layers
 
     ids, mask, scored = _shared_rows(40, [10, 25, 7, 18], first_scored=42)
     results = []
@@ -287,7 +287,8 @@ def test_share_prefix_works_under_activation_checkpointing(tiny_tokenizer, share
         torch.manual_seed(0)
         model, _ = TinyPolicy(hidden=64, layers=4).build()
         if checkpointed:
-            assert checkpoint_layers(model, share) == round(4 * share)
+            assert checkpoint_layers(model, share, mode) == round(4 * share)
+            assert checkpointed_layers(model)[mode] == round(4 * share)
         model.train()
         logps, _ = token_logps(model, ids, mask, positions=scored, share_prefix=8)
         logps.sum().backward()
@@ -299,6 +300,88 @@ def test_share_prefix_works_under_activation_checkpointing(tiny_tokenizer, share
     assert torch.equal(plain, ckpt) and plain.abs().sum() > 0
     for a, b in zip(plain_grads, ckpt_grads):
         assert torch.allclose(a, b, atol=1e-7, rtol=1e-6)
+
+
+@pytest.mark.parametrize("backward_in_autocast", [True, False])
+def test_selective_checkpointing_under_bf16_autocast_matches_no_checkpointing(tiny_tokenizer,
+                                                                             backward_in_autocast) -> None:
+    """The shared prefix's pass fills autocast's cast cache before the suffix pass; backward may run inside the
+    autocast region (the cache still full: Lightning's manual backward) or after it (the cache cleared)."""
+    from envace.policy import TinyPolicy
+    from envace.policy.checkpointing import checkpoint_layers
+
+    ids, mask, scored = _shared_rows(40, [10, 25, 7, 18], first_scored=42)
+    results = []
+    for mode in (None, "selective"):
+        torch.manual_seed(0)
+        model, _ = TinyPolicy(hidden=64, layers=4).build()
+        if mode:
+            checkpoint_layers(model, 1.0, mode)
+        model.train()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logps, _ = token_logps(model, ids, mask, positions=scored, share_prefix=8)
+            if backward_in_autocast:
+                logps.sum().backward()
+        if not backward_in_autocast:
+            logps.sum().backward()
+        results.append((logps.detach(), [p.grad.clone() for p in model.parameters()]))
+    (plain, plain_grads), (ckpt, ckpt_grads) = results
+    # the forward runs the same kernels on the same bf16 casts of the weights: the log-probs are bit-identical
+    assert torch.equal(plain, ckpt) and plain.abs().sum() > 0
+    # the plain forward's two passes (prefix, suffix) share autocast's one cached bf16 copy of each weight, whose
+    # gradient autograd sums in bf16 before casting it to float32; the selective forward casts each weight per pass
+    # (its cast cache is off) and the two gradients meet in float32. The sums differ by bf16 rounding: at most a
+    # bf16 ulp or two of the tensor's largest entry (measured: up to 0.015 on entries up to 4.25)
+    for a, b in zip(plain_grads, ckpt_grads):
+        assert (a - b).abs().max() <= 2**-7 * a.abs().max()
+
+
+def test_selective_checkpointing_keeps_the_matrix_products_only(tiny_tokenizer, monkeypatch) -> None:
+    import envace.policy.checkpointing as checkpointing
+    from envace.policy import TinyPolicy
+
+    ids, mask, scored = _shared_rows(40, [10, 25, 7, 18], first_scored=42)
+    saved = {}
+    for mode in (None, "full", "selective"):
+        model, _ = TinyPolicy(hidden=64, layers=4).build()
+        if mode:
+            checkpointing.checkpoint_layers(model, 1.0, mode)
+        model.train()
+        saved[mode] = _saved_bytes(lambda model=model: token_logps(model, ids, mask, positions=scored, share_prefix=8))
+    kept: dict[str, int] = {}
+    policy = checkpointing._keep_products
+
+    def recording(ctx, op, *args, **kwargs):
+        decision = policy(ctx, op, *args, **kwargs)
+        if decision == checkpointing.CheckpointPolicy.MUST_SAVE:
+            outputs = ctx.op_output if isinstance(ctx.op_output, tuple) else (ctx.op_output,)
+            size = sum(t.untyped_storage().nbytes() for t in outputs if isinstance(t, Tensor))
+            kept[op.name()] = kept.get(op.name(), 0) + size
+        return decision
+
+    monkeypatch.setattr(checkpointing, "_keep_products", recording)
+    model, _ = TinyPolicy(hidden=64, layers=4).build()
+    checkpointing.checkpoint_layers(model, 1.0, "selective")
+    model.train()
+    inputs = _saved_bytes(lambda: token_logps(model, ids, mask, positions=scored, share_prefix=8))
+    # a selective layer keeps what a full one keeps (its input) plus the outputs of its products and attention:
+    # the norms, the rotary embedding, the MLP's activation and product and the repeated keys are recomputed
+    assert inputs == saved["full"]
+    assert set(kept) <= {op.name() for op in checkpointing.KEPT_OPS} and "aten::mm" in kept
+    assert saved["full"] < saved["full"] + sum(kept.values()) < saved[None] * 0.75
+
+
+def _saved_bytes(run) -> int:
+    """Bytes of the distinct storages autograd and checkpointing keep for backward while ``run`` runs."""
+    storages: dict[int, int] = {}
+
+    def pack(t: Tensor) -> Tensor:
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        run()
+    return sum(storages.values())
 
 
 def _saved_prefix_bytes(model: nn.Module, ids: Tensor, mask: Tensor, scored: Tensor, prefix_len: int) -> int:
@@ -317,7 +400,7 @@ def _saved_prefix_bytes(model: nn.Module, ids: Tensor, mask: Tensor, scored: Ten
 
 def test_activation_checkpointing_also_recomputes_the_shared_prefix(tiny_tokenizer) -> None:
     from envace.policy import TinyPolicy
-    from envace.policy.hf import checkpoint_layers
+    from envace.policy.checkpointing import checkpoint_layers
 
     ids, mask, scored = _shared_rows(40, [10, 25, 7, 18], first_scored=42)
     model, _ = TinyPolicy(hidden=64, layers=4).build()

@@ -37,7 +37,28 @@ def test_per_token_sizes_by_hand() -> None:
     # checkpointing keeps each layer's float32 input (4 x 576) and one layer's activations
     assert activation_bytes_per_token(config, mixed=True, checkpointed=30) == 30 * 4 * 576 + 39936
     assert activation_bytes_per_token(config, mixed=True, checkpointed=10) == 20 * 39936 + 10 * 4 * 576 + 39936
+    # selective checkpointing keeps the input and, in bf16, the products' outputs: 4 x 576 (q, attention output, o,
+    # down) + 2 x 192 (k, v) + 2 x 1536 (gate, up) = 5760 values x 2 bytes, + 4 x 576 = 13824 bytes a layer
+    assert activation_bytes_per_token(config, mixed=True, selective=30) == 30 * 13824 + 39936
+    assert activation_bytes_per_token(config, mixed=False, selective=30) == 30 * (4 * 5760 + 4 * 576) + int(
+        39936 * 1.6)
+    assert activation_bytes_per_token(config, mixed=True, checkpointed=10, selective=10) == (
+        10 * 39936 + 10 * 4 * 576 + 10 * 13824 + 39936)
     assert kv_bytes_per_token(config, 2) == 2 * 30 * 192 * 2
+
+
+def test_the_estimate_counts_checkpointed_layers_by_mode() -> None:
+    from envace.policy.checkpointing import checkpoint_layers
+
+    config = LlamaConfig(num_hidden_layers=4, hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=100)
+    work = Workload(micro_batch_tokens=1000, scored_tokens=0)
+    plain = estimate(LlamaForCausalLM(config), work, mixed=True).parts["activations"]
+    for mode, share, full, selective in (("full", 0.5, 2, 0), ("selective", 1.0, 0, 4)):
+        model = LlamaForCausalLM(config)
+        checkpoint_layers(model, share, mode)
+        got = estimate(model, work, mixed=True).parts["activations"]
+        assert got == 1000 * activation_bytes_per_token(config, True, full, selective) < plain
 
 
 def test_the_estimate_adds_weights_gradients_optimizer_activations_logits_and_caches() -> None:
@@ -99,4 +120,8 @@ def test_the_memory_benchmark_writes_a_long_response_task_set_the_loader_accepts
     root = tmp_path / "rl-long-16-0"  # a case's root does not exist yet: the trainer makes it later
     args = bench.case_args("rl", "long", 16, "0", 3, root)
     assert "--data.batch_size=16" in args and "--model.grpo.micro_batch_tokens=0" in args
+    # both budget-off cases run the path before the budget: no token budget, no checkpointing, no memory check
+    trimmed = bench.case_args("sft", "bank", 4, "0+trim", 3, tmp_path / "sft-bank-4-0+trim")
+    assert {"--model.init_args.micro_batch_tokens=0", "--model.init_args.policy.init_args.gradient_checkpointing=false",
+            "--model.init_args.memory_limit_gb=0"} <= set(trimmed)
     assert f"--data.train_tasks={root / 'long.jsonl'}" in args and (root / "long.jsonl").read_text() != ""

@@ -292,3 +292,16 @@ def test_gradient_checkpointing_takes_a_fraction_of_the_layers(tiny_dir) -> None
     model, _ = HFPolicy(tiny_dir, gradient_checkpointing=0.5).build()
     flags = [m.gradient_checkpointing for m in model.model.layers]
     assert sum(flags) == round(len(flags) * 0.5) and flags[0]  # evenly spaced from the first layer
+
+
+def test_checkpoint_mode_selects_what_a_checkpointed_layer_recomputes(tiny_dir) -> None:
+    from envace.policy.checkpointing import checkpointed_layers
+
+    with pytest.raises(ValueError, match="checkpoint_mode must be one of"):
+        HFPolicy(tiny_dir, gradient_checkpointing=True, checkpoint_mode="some")  # type: ignore[arg-type]
+    model, _ = HFPolicy(tiny_dir, gradient_checkpointing=True, checkpoint_mode="selective",
+                        lora=LoraSpec(r=2)).build()
+    layers = len(model.base_model.model.model.layers)
+    assert checkpointed_layers(model) == {"full": 0, "selective": layers}  # seen through the peft wrapper
+    model, _ = HFPolicy(tiny_dir, gradient_checkpointing=0.5).build()
+    assert checkpointed_layers(model) == {"full": round(len(model.model.layers) * 0.5), "selective": 0}
