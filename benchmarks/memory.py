@@ -53,10 +53,10 @@ CHECKPOINT_KEY = {"sft": "--model.init_args.policy.init_args.gradient_checkpoint
                   "rl": "--model.policy.init_args.gradient_checkpointing"}
 LIMIT_KEY = {"sft": "--model.init_args.memory_limit_gb", "rl": "--model.memory_limit_gb"}
 GB = 10**9
+"""Every figure is in GB of 10^9 bytes, the unit of the summary's keys (``ru_maxrss`` counts KiB)."""
 LABELS = {"default": "default", "0": "off", "0+trim": "off+trim"}
 """The budgets a case runs: the config's, off as before this work, and off with freed memory returned (today's code
 with the budget and checkpointing off)."""
-"""Every figure is in GB of 10^9 bytes, the unit of the summary's keys (``ru_maxrss`` counts KiB)."""
 
 
 def long_tasks(path: Path, n: int = 600) -> str:

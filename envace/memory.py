@@ -166,8 +166,7 @@ def estimate(model: nn.Module, work: Workload, *, mixed: bool, reference: nn.Mod
         parts["reference"] = sum(p.numel() * p.element_size() for p in reference.parameters())
     low = mixed or any(p.element_size() == 2 and p.is_floating_point() for p in params[:1])  # 16-bit activations
     if config is not None:
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        layers = checkpointed_layers(base)
+        layers = checkpointed_layers(model)  # peft wrappers are looked through
         parts["activations"] = work.micro_batch_tokens * activation_bytes_per_token(config, low, layers["full"],
                                                                                     layers["selective"])
         parts["logits"] = work.scored_tokens * _dims(config)[4] * LOGIT_BYTES

@@ -71,8 +71,8 @@ class GRPOConfig:
         share_prefix: compute the prefix the rows of a micro-batch share (the system prompt and tool schemas:
             most of a short row) once per micro-batch instead of once per row, when it is at least this many
             tokens (``envace.logprobs.token_logps``); micro-batches then hold one role each, so act rows share the
-            act prompt and rehearse rows the rehearse prompt. 0 (the default) turns it off. Not with gradient
-            checkpointing.
+            act prompt and rehearse rows the rehearse prompt. 0 (the default) turns it off. Works with
+            activation checkpointing (``policy.gradient_checkpointing``, full or selective).
     """
 
     group_size: int = 4

@@ -51,8 +51,7 @@ def checkpoint_layers(model: nn.Module, share: float, mode: CheckpointMode = "fu
     Returns:
         The number of layers whose activations are recomputed in backward.
     """
-    if mode not in CHECKPOINT_MODES:
-        raise ValueError(f"checkpoint_mode must be one of {list(CHECKPOINT_MODES)}, got {mode!r}")
+    check_mode(mode)
     enable = getattr(model, "activation_checkpointing_enable", None)  # the name since transformers 5.x
     if enable is not None:
         enable(activation_checkpointing_kwargs={"use_reentrant": False})
@@ -66,6 +65,12 @@ def checkpoint_layers(model: nn.Module, share: float, mode: CheckpointMode = "fu
         if mode == "selective":
             layer._gradient_checkpointing_func = selective_checkpoint
     return len(chosen)
+
+
+def check_mode(mode: str) -> None:
+    """Raise ``ValueError`` naming the modes when ``mode`` is not one of them."""
+    if mode not in CHECKPOINT_MODES:
+        raise ValueError(f"checkpoint_mode must be one of {list(CHECKPOINT_MODES)}, got {mode!r}")
 
 
 def checkpointed_layers(model: nn.Module) -> dict[str, int]:
@@ -111,5 +116,5 @@ def _without_cast_cache(inner: Any) -> Iterator[None]:
         torch.set_autocast_cache_enabled(before)
 
 
-__all__ = ["CHECKPOINT_MODES", "KEPT_OPS", "CheckpointMode", "checkpoint_layers", "checkpointed_layers",
+__all__ = ["CHECKPOINT_MODES", "KEPT_OPS", "CheckpointMode", "check_mode", "checkpoint_layers", "checkpointed_layers",
            "selective_checkpoint"]

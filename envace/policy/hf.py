@@ -25,7 +25,7 @@ from transformers import (
 )
 
 from envace.builtin import DOMAINS
-from envace.policy.checkpointing import CHECKPOINT_MODES, CheckpointMode, checkpoint_layers
+from envace.policy.checkpointing import CheckpointMode, check_mode, checkpoint_layers
 from envace.policy.templates import load_chat_template
 from envace.policy.tiny import build_model, build_tokenizer
 
@@ -110,8 +110,7 @@ class HFPolicy:
         self.lora = lora
         self.adapters = adapters
         self.load_in_4bit = load_in_4bit
-        if checkpoint_mode not in CHECKPOINT_MODES:
-            raise ValueError(f"checkpoint_mode must be one of {list(CHECKPOINT_MODES)}, got {checkpoint_mode!r}")
+        check_mode(checkpoint_mode)  # before anything is loaded
         self.gradient_checkpointing = gradient_checkpointing
         self.checkpoint_mode = checkpoint_mode
         self.attn_implementation = attn_implementation
