@@ -87,7 +87,8 @@ def _dims(config: Any) -> tuple[int, int, int, int, int]:
     return int(text.num_hidden_layers), hidden, intermediate, kv_heads * head_dim, int(text.vocab_size)
 
 
-def activation_bytes_per_token(config: Any, mixed: bool, checkpointed: int = 0, selective: int = 0) -> int:
+def activation_bytes_per_token(config: Any, mixed: bool, checkpointed: int = 0, selective: int = 0,
+                               light: int = 0) -> int:
     """Bytes of activations a training forward keeps per token for backward, over every layer.
 
     Per decoder layer, under bf16/fp16 autocast: the float32 residual stream and normalisations (about 40 bytes per
@@ -96,7 +97,9 @@ def activation_bytes_per_token(config: Any, mixed: bool, checkpointed: int = 0, 
     layers (activation checkpointing, ``full``) only the float32 input is kept; of the ``selective`` ones the input
     and the outputs of the matrix products and the attention kernel (queries, keys, values, attention output, output
     projection, gate, up and down: ``4 * hidden + 2 * kv + 2 * intermediate`` values); plus one layer's activations
-    while a checkpointed layer is recomputed.
+    while a checkpointed layer is recomputed. A ``light`` layer keeps its two normalisations' float32 inputs and
+    their outputs, the queries, keys, values and attention output, and the MLP's gate, up and product
+    (``8 * hidden`` bytes and ``4 * hidden + 2 * kv + 3 * intermediate`` values), nothing recomputed at layer scale.
     """
     layers, hidden, intermediate, kv, _ = _dims(config)
     per_layer = 40 * hidden + 10 * intermediate + 8 * kv
@@ -104,9 +107,12 @@ def activation_bytes_per_token(config: Any, mixed: bool, checkpointed: int = 0, 
         per_layer = int(per_layer * 1.6)
     checkpointed = min(max(checkpointed, 0), layers)
     selective = min(max(selective, 0), layers - checkpointed)
-    kept = (2 if mixed else 4) * (4 * hidden + 2 * kv + 2 * intermediate) + 4 * hidden
-    plain = layers - checkpointed - selective
-    return (plain * per_layer + checkpointed * 4 * hidden + selective * kept
+    light = min(max(light, 0), layers - checkpointed - selective)
+    width = 2 if mixed else 4
+    kept = width * (4 * hidden + 2 * kv + 2 * intermediate) + 4 * hidden
+    kept_light = width * (4 * hidden + 2 * kv + 3 * intermediate) + 8 * hidden
+    plain = layers - checkpointed - selective - light
+    return (plain * per_layer + checkpointed * 4 * hidden + selective * kept + light * kept_light
             + (per_layer if checkpointed or selective else 0))
 
 
@@ -167,8 +173,8 @@ def estimate(model: nn.Module, work: Workload, *, mixed: bool, reference: nn.Mod
     low = mixed or any(p.element_size() == 2 and p.is_floating_point() for p in params[:1])  # 16-bit activations
     if config is not None:
         layers = checkpointed_layers(model)  # peft wrappers are looked through
-        parts["activations"] = work.micro_batch_tokens * activation_bytes_per_token(config, low, layers["full"],
-                                                                                    layers["selective"])
+        parts["activations"] = work.micro_batch_tokens * activation_bytes_per_token(
+            config, low, layers["full"], layers["selective"], layers["light"])
         parts["logits"] = work.scored_tokens * _dims(config)[4] * LOGIT_BYTES
         kv = kv_bytes_per_token(config, 2 if low else 4)
         parts["engine_cache"] = work.generation_rows * work.generation_tokens * kv

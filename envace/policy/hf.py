@@ -88,9 +88,10 @@ class HFPolicy:
                 activation memory saved and the recompute time spent both scale with it; docs/performance.md).
                 Works together with ``share_prefix``.
             checkpoint_mode: what a checkpointed layer recomputes: ``full`` (its whole forward; it keeps only its
-                input) or ``selective`` (only the cheap operations between its matrix products, whose outputs it
-                keeps: about half the activations for a few percent more step time on a small model; on a 7B model
-                ``full`` saves far more). See ``envace.policy.checkpointing``.
+                input), ``selective`` (only the cheap operations between its matrix products, whose outputs it
+                keeps: about 40% of the activations on a small model; on a 7B model ``full`` saves far more) or
+                ``light`` (only its normalisations and its MLP's activation: about 60% of the activations for
+                almost no recomputation, the choice on a CPU). See ``envace.policy.checkpointing``.
             attn_implementation: transformers attention backend, e.g. "sdpa", "eager" or "flash_attention_2";
                 None keeps the transformers default.
             trust_remote_code: allow model code shipped with the checkpoint.

@@ -44,6 +44,12 @@ def test_per_token_sizes_by_hand() -> None:
         39936 * 1.6)
     assert activation_bytes_per_token(config, mixed=True, checkpointed=10, selective=10) == (
         10 * 39936 + 10 * 4 * 576 + 10 * 13824 + 39936)
+    # a light layer keeps its two norms' float32 inputs (2 x 4 x 576) and, in bf16, their outputs, q and the
+    # attention output (4 x 576), k and v (2 x 192), gate, up and their product (3 x 1536): 2 x 7296 + 4608 = 19200
+    # bytes (measured on SmolLM2: 19.0 KB a layer-token); nothing is recomputed at layer scale
+    assert activation_bytes_per_token(config, mixed=True, light=30) == 30 * 19200
+    assert activation_bytes_per_token(config, mixed=False, light=30) == 30 * (4 * 7296 + 8 * 576)
+    assert activation_bytes_per_token(config, mixed=True, selective=10, light=20) == 10 * 13824 + 20 * 19200 + 39936
     assert kv_bytes_per_token(config, 2) == 2 * 30 * 192 * 2
 
 
@@ -54,11 +60,12 @@ def test_the_estimate_counts_checkpointed_layers_by_mode() -> None:
                          num_key_value_heads=2, vocab_size=100)
     work = Workload(micro_batch_tokens=1000, scored_tokens=0)
     plain = estimate(LlamaForCausalLM(config), work, mixed=True).parts["activations"]
-    for mode, share, full, selective in (("full", 0.5, 2, 0), ("selective", 1.0, 0, 4)):
+    for mode, share, full, selective, light in (("full", 0.5, 2, 0, 0), ("selective", 1.0, 0, 4, 0),
+                                                ("light", 0.5, 0, 0, 2)):
         model = LlamaForCausalLM(config)
         checkpoint_layers(model, share, mode)
         got = estimate(model, work, mixed=True).parts["activations"]
-        assert got == 1000 * activation_bytes_per_token(config, True, full, selective) < plain
+        assert got == 1000 * activation_bytes_per_token(config, True, full, selective, light) < plain
 
 
 def test_the_estimate_adds_weights_gradients_optimizer_activations_logits_and_caches() -> None:

@@ -302,6 +302,9 @@ def test_checkpoint_mode_selects_what_a_checkpointed_layer_recomputes(tiny_dir) 
     model, _ = HFPolicy(tiny_dir, gradient_checkpointing=True, checkpoint_mode="selective",
                         lora=LoraSpec(r=2)).build()
     layers = len(model.base_model.model.model.layers)
-    assert checkpointed_layers(model) == {"full": 0, "selective": layers}  # seen through the peft wrapper
+    assert checkpointed_layers(model) == {"full": 0, "selective": layers, "light": 0}  # seen through the peft wrapper
     model, _ = HFPolicy(tiny_dir, gradient_checkpointing=0.5).build()
-    assert checkpointed_layers(model) == {"full": round(len(model.model.layers) * 0.5), "selective": 0}
+    assert checkpointed_layers(model) == {"full": round(len(model.model.layers) * 0.5), "selective": 0, "light": 0}
+    model, _ = HFPolicy(tiny_dir, gradient_checkpointing=True, checkpoint_mode="light").build()
+    assert checkpointed_layers(model) == {"full": 0, "selective": 0, "light": len(model.model.layers)}
+    assert not model.is_gradient_checkpointing  # no layer recomputes as a whole
