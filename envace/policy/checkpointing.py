@@ -116,25 +116,29 @@ def lighten(layer: nn.Module, on: bool = True) -> bool:
     Returns:
         Whether the layer is light now.
     """
-    parts = [getattr(layer, name, None) for name in LIGHT_NORMS] + [getattr(layer, "mlp", None)]
-    for part in parts:
+    *norms, mlp = _light_parts(layer)
+    for part in (*norms, mlp):
         if part is not None and "forward" in vars(part):
             del part.forward  # back to the class's forward
     if not on:
         return False
-    mlp = parts[-1]
     if mlp is not None and all(hasattr(mlp, a) for a in ("gate_proj", "up_proj", "down_proj", "act_fn")):
         mlp.forward = types.MethodType(_light_mlp_forward, mlp)
-    for norm in parts[:-1]:
-        if isinstance(norm, nn.Module):
+    for norm in norms:
+        if norm is not None:
             norm.forward = types.MethodType(_light_norm_forward(type(norm).forward), norm)
     return is_light(layer)
 
 
 def is_light(layer: nn.Module) -> bool:
     """Whether ``lighten`` made ``layer`` light (its MLP or a normalisation runs a light forward)."""
+    return any(p is not None and "forward" in vars(p) for p in _light_parts(layer))
+
+
+def _light_parts(layer: nn.Module) -> list[nn.Module | None]:
+    """The layer's ``LIGHT_NORMS`` and its ``mlp``, in that order (None where it has no such module)."""
     parts = [getattr(layer, name, None) for name in (*LIGHT_NORMS, "mlp")]
-    return any(isinstance(p, nn.Module) and "forward" in vars(p) for p in parts)
+    return [p if isinstance(p, nn.Module) else None for p in parts]
 
 
 def _light_mlp_forward(self: nn.Module, x: Tensor) -> Tensor:

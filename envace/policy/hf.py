@@ -91,7 +91,7 @@ class HFPolicy:
                 input), ``selective`` (only the cheap operations between its matrix products, whose outputs it
                 keeps: about 40% of the activations on a small model; on a 7B model ``full`` saves far more) or
                 ``light`` (only its normalisations and its MLP's activation: about 60% of the activations for
-                almost no recomputation, the choice on a CPU). See ``envace.policy.checkpointing``.
+                almost no recomputation, where that memory fits). See ``envace.policy.checkpointing``.
             attn_implementation: transformers attention backend, e.g. "sdpa", "eager" or "flash_attention_2";
                 None keeps the transformers default.
             trust_remote_code: allow model code shipped with the checkpoint.
