@@ -15,7 +15,8 @@ Three modes (the first two are the names torchtitan uses):
   hand their output to the projections already in the autocast dtype, once, where each projection would otherwise
   keep its own 16-bit copy of it. On SmolLM2-135M (one forward and backward of 2 x 1000 tokens on 2 CPU cores) a
   layer keeps 33 KB a token instead of 44 KB in float32 and 19 KB instead of 30 KB under bf16 autocast, at the
-  step time of no checkpointing (``selective``: 25 and 14 KB, 4-5% slower; docs/performance.md, "Memory").
+  step time of no checkpointing, within 1.5% (``selective``: 25 and 14 KB, about 10% slower; docs/performance.md,
+  "Memory").
 
 All three use ``torch.utils.checkpoint`` (non-reentrant); ``selective`` uses its selective checkpointing contexts.
 """
