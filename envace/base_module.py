@@ -16,8 +16,11 @@ from envace.alignment import warn_long_responses
 from envace.data.datamodule import RolloutDataModule
 from envace.evaluation import PolicyEvaluator
 from envace.export import save_policy
+from envace.logprobs import PrefixCarry
 from envace.memory import GIB, Workload, available_memory, check_fits, estimate, return_freed_memory
+from envace.rollout.collate import RolloutBatch
 from envace.types import Task
+from envace.update import MicroBatch, prefix_carry
 from envace.worlds.rehearse import check_rehearse_format
 
 
@@ -91,6 +94,26 @@ class PolicyModule(L.LightningModule):
             scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         self.return_freed_memory()
+
+    def prefix_carry(self, batch: RolloutBatch, plan: list[MicroBatch]) -> PrefixCarry | None:
+        """A ``PrefixCarry`` for a step's micro-batches (``envace.update.prefix_carry``), or None.
+
+        A shared prefix whose rows span several micro-batches is then computed once. None where nothing spans, and
+        on several ranks, where a split group recomputes its prefix in each micro-batch: a carried prefix's forward
+        and backward fall in different passes, which distributed strategies (FSDP's per-module gathers) do not
+        expect.
+        """
+        trainer = self._trainer
+        if trainer is not None and trainer.world_size > 1:
+            return None
+        scaler = getattr(trainer.precision_plugin, "scaler", None) if trainer is not None else None
+        return prefix_carry(batch, plan, float(scaler.get_scale()) if scaler is not None else 1.0)
+
+    @staticmethod
+    def with_carry(loss: Tensor, carry: PrefixCarry | None) -> Tensor:
+        """``loss`` plus the gradient of the carried prefixes its micro-batch read last (``PrefixCarry.term``)."""
+        term = carry.term() if carry is not None else None
+        return loss if term is None else loss + term
 
     def return_freed_memory(self) -> None:
         """On CPU, give freed host memory back to the system (``envace.memory.return_freed_memory``).

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -28,6 +29,8 @@ def token_logps(
     with_entropy: bool = False,
     positions: Tensor | None = None,
     share_prefix: int = 0,
+    groups: list[tuple[list[int], int]] | None = None,
+    carry: PrefixCarry | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs of each token given its prefix, under the sampling temperature of its row.
 
@@ -50,6 +53,11 @@ def token_logps(
             task and tool share most of their prompt. The log-probs are those of the plain forward up to float
             rounding. 0 (the default) never shares. Needs a model that takes a cache (Hugging Face causal LMs with
             full attention); works with activation checkpointing (``ReadOnlyPrefix``).
+        groups: with ``positions``, the prefix groups to run instead of ``share_prefix``'s own (``(rows, prefix)``
+            pairs, as ``prefix_groups`` returns them; every row in exactly one): a step planned across micro-batches
+            (``envace.update.micro_batches``) keeps a group's prefix the same in each micro-batch its rows span.
+        carry: shared prefixes that outlive this call (``PrefixCarry``): a group's prefix is computed by the first
+            call that reads it and reused by the later ones.
 
     Returns:
         ``logps`` with 0 at position 0, at padding and outside ``positions``, and the entropy (or None).
@@ -60,9 +68,10 @@ def token_logps(
         valid = attention_mask[:, 1:].bool()  # [N, T-1]
         return _scores(logits, input_ids[:, 1:], valid, temperatures, with_entropy, _shift_right)
     keep = kept_positions(positions, attention_mask)  # [N, T]
-    groups = prefix_groups(input_ids, attention_mask, keep, share_prefix) if share_prefix else []
+    if groups is None:
+        groups = prefix_groups(input_ids, attention_mask, keep, share_prefix) if share_prefix else []
     if any(prefix for _, prefix in groups):
-        logits = _kept_logits_grouped(model, input_ids, attention_mask, keep, groups)  # [K, V]
+        logits = _kept_logits_grouped(model, input_ids, attention_mask, keep, groups, carry)  # [K, V]
     else:
         logits = _kept_logits(model, input_ids, attention_mask, keep)  # [K, V]
     targets = input_ids[:, 1:][keep[:, :-1]]  # [K]
@@ -189,15 +198,18 @@ def common_length(a: list[int], b: list[int]) -> int:
 
 
 def _kept_logits_grouped(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, keep: Tensor,
-                         groups: list[tuple[list[int], int]]) -> Tensor:
-    """The kept logits in row-major order, each group run on its own shared prefix (prefix 0: a plain forward)."""
+                         groups: list[tuple[list[int], int]], carry: PrefixCarry | None = None) -> Tensor:
+    """The kept logits in row-major order, each group run on its own shared prefix (prefix 0: a plain forward).
+
+    A one-row group runs plain, unless a ``carry`` holds (or will hold) its prefix for other micro-batches.
+    """
     per_row: dict[int, Tensor] = {}
     for members, prefix in groups:
         idx = torch.tensor(members, device=input_ids.device)
         width = int(attention_mask[idx].sum(-1).max().item())
         ids, mask, kept = input_ids[idx, :width], attention_mask[idx, :width], keep[idx, :width]
-        if prefix and len(members) > 1:
-            logits = _kept_logits_shared(model, ids, mask, kept, prefix)
+        if prefix and (len(members) > 1 or carry is not None):
+            logits = _kept_logits_shared(model, ids, mask, kept, prefix, carry)
         else:
             logits = _kept_logits(model, ids, mask, kept)
         for row, part in zip(members, logits.split(kept.sum(-1).tolist())):
@@ -206,30 +218,109 @@ def _kept_logits_grouped(model: nn.Module, input_ids: Tensor, attention_mask: Te
 
 
 def _kept_logits_shared(model: nn.Module, input_ids: Tensor, attention_mask: Tensor, keep: Tensor,
-                        prefix: int) -> Tensor:
+                        prefix: int, carry: PrefixCarry | None = None) -> Tensor:
     """``_kept_logits`` with the common ``prefix`` computed once: its keys and values are repeated for every row.
 
     The rows' suffixes attend to the repeated states, which they read and never extend (``ReadOnlyPrefix``); backward
     sums each row's gradient into the one prefix pass. No kept position lies in the prefix (``prefix_groups``), so
     the kept logits are all the suffixes'. Under activation checkpointing both passes recompute their checkpointed
     layers in backward: the prefix pass fills its cache once (``FillOnce``), and the suffix pass reads the same
-    prefix states (``ReadOnlyPrefix``).
+    prefix states (``ReadOnlyPrefix``). With a ``carry`` the prefix may come from an earlier micro-batch.
     """
-    name = cache_kwarg(model)
-    cache = FillOnce()
-    with _layer_flags(model, _can_checkpoint_with_cache=True):
-        model(input_ids=input_ids[:1, :prefix], attention_mask=attention_mask[:1, :prefix], use_cache=True,
-              logits_to_keep=1, **{name: cache})
-    if cache.get_seq_length() != prefix:
-        raise RuntimeError(f"share_prefix: the model kept {cache.get_seq_length()} of the {prefix} prefix positions "
-                           "in its cache; turn share_prefix off for this model")
-    cache.batch_repeat_interleave(input_ids.shape[0])
+    rows, head, head_mask = input_ids.shape[0], input_ids[:1, :prefix], attention_mask[:1, :prefix]
+    if carry is not None:
+        cache = carry.read(model, head, head_mask, rows)
+    else:
+        cache = ReadOnlyPrefix(prefix_states(model, head, head_mask), rows)
     tail_keep = keep[:, prefix:]
     kwargs = {"logits_to_keep": tail_keep} if MASK_LOGITS_TO_KEEP else {}
     with _layer_flags(model, _can_checkpoint_with_cache=True):
         logits = model(input_ids=input_ids[:, prefix:], attention_mask=attention_mask, use_cache=False,
-                       **{name: ReadOnlyPrefix(cache)}, **kwargs).logits
+                       **{cache_kwarg(model): cache}, **kwargs).logits
     return logits[tail_keep] if logits.dim() == 3 else logits
+
+
+def prefix_states(model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> FillOnce:
+    """One row's keys and values, every layer, as the forward of its continuation reads them.
+
+    Args:
+        model: a causal LM that takes a cache (``cache_kwarg``).
+        input_ids: the prefix.  # [1, P]
+        attention_mask: its mask (all ones).  # [1, P]
+    """
+    cache = FillOnce()
+    with _layer_flags(model, _can_checkpoint_with_cache=True):
+        model(input_ids=input_ids, attention_mask=attention_mask, use_cache=True, logits_to_keep=1,
+              **{cache_kwarg(model): cache})
+    if cache.get_seq_length() != input_ids.shape[1]:
+        raise RuntimeError(f"share_prefix: the model kept {cache.get_seq_length()} of the {input_ids.shape[1]} prefix "
+                           "positions in its cache; turn share_prefix off for this model")
+    return cache
+
+
+class PrefixCarry:
+    """Shared prefixes that outlive a micro-batch: each computed once per step, however many micro-batches read it.
+
+    Under a token budget the rows of one prefix group (the act rows' system prompt and tool schemas) may span several
+    micro-batches (``envace.update.micro_batches`` plans how many read each prefix: ``uses``, keyed by the prefix's
+    token ids). The first reader computes the prefix; it and the later readers but the last read detached copies of
+    its keys and values (leaves), whose gradients accumulate over their backward passes; the last reads the prefix's
+    own states, and its loss gets ``term()``, whose gradient with respect to those states is the leaves' accumulated
+    gradient. So the prefix's backward runs once, in the last reader's backward pass, with every reader's gradient,
+    and the step makes as many backward passes as micro-batches (what distributed strategies count on). The prefix's
+    activations are held from its first reader to its last: the packer counts a prefix in every micro-batch that
+    reads it. Without a gradient (scoring) the readers share the states and nothing is accumulated.
+
+    Args:
+        uses: how many calls will read each prefix.
+        scale: the factor a gradient scaler multiplies the loss by in backward (the leaves' gradients carry it).
+    """
+
+    def __init__(self, uses: Mapping[tuple[int, ...], int], scale: float = 1.0) -> None:
+        self._left = dict(uses)
+        self._held: dict[tuple[int, ...], tuple[FillOnce, list[tuple[Tensor, Tensor]]]] = {}
+        self._terms: list[Tensor] = []
+        self.scale = scale
+
+    def read(self, model: nn.Module, input_ids: Tensor, attention_mask: Tensor, rows: int) -> ReadOnlyPrefix:
+        """The prefix ``input_ids`` ([1, P]) for ``rows`` rows: computed on its first read, released on its last."""
+        key = tuple(input_ids[0].tolist())
+        left = self._left.get(key, 1) - 1
+        self._left[key] = left
+        if key not in self._held:
+            cache = prefix_states(model, input_ids, attention_mask)
+            if left <= 0:
+                return ReadOnlyPrefix(cache, rows)
+            leaves = [(k.detach().requires_grad_(k.requires_grad), v.detach().requires_grad_(v.requires_grad))
+                      for k, v in _states(cache)]
+            self._held[key] = (cache, leaves)
+            return ReadOnlyPrefix(cache, rows, leaves)
+        cache, leaves = self._held[key]
+        if left > 0:
+            return ReadOnlyPrefix(cache, rows, leaves)
+        del self._held[key]
+        for own, leaf in zip((t for kv in _states(cache) for t in kv), (t for kv in leaves for t in kv)):
+            if leaf.grad is not None:
+                self._terms.append((own.float() * (leaf.grad.float() / self.scale)).sum())
+        return ReadOnlyPrefix(cache, rows)
+
+    def term(self) -> Tensor | None:
+        """What the reading call's loss adds for the prefixes it released: 0 in value, their readers' gradient."""
+        if not self._terms:
+            return None
+        total, self._terms = torch.stack(self._terms).sum(), []
+        return total - total.detach()
+
+    def check_done(self) -> None:
+        """Raise if a prefix was never read its planned number of times (its earlier readers' gradient is lost)."""
+        if self._held or self._terms:
+            raise RuntimeError(f"{len(self._held)} shared prefixes were not read as often as planned; their gradient "
+                               "would be lost (a micro-batch plan that does not match the forward)")
+
+
+def _states(cache: DynamicCache) -> list[tuple[Tensor, Tensor]]:
+    """Each layer's keys and values."""
+    return [(layer.keys, layer.values) for layer in cache.layers]
 
 
 class FillOnce(DynamicCache):
@@ -255,15 +346,26 @@ class ReadOnlyPrefix(DynamicCache):
     Each layer attends to the prefix's states followed by its own; the cache keeps only the prefix, so a layer that
     is recomputed in backward (activation checkpointing) reads exactly what its forward read, and a transformers
     layer may keep it under checkpointing (``_can_checkpoint_with_cache``).
+
+    Args:
+        prefix: the prefix's cache, one row.
+        rows: the rows that read it (its states are expanded to them, not copied).
+        states: other tensors to read in place of ``prefix``'s own, one ``(keys, values)`` per layer (``PrefixCarry``'s
+            detached copies).
     """
 
-    def __init__(self, prefix: DynamicCache) -> None:
+    def __init__(self, prefix: DynamicCache, rows: int = 1,
+                 states: list[tuple[Tensor, Tensor]] | None = None) -> None:
         super().__init__()
         kinds = {type(layer).__name__ for layer in prefix.layers if type(layer) is not DynamicLayer}
         if kinds:
             raise TypeError(f"share_prefix: the model's cache has {', '.join(sorted(kinds))} layers; only full "
                             "attention layers can share a prefix (turn share_prefix off)")
-        self.layers = prefix.layers
+        self.layers = []
+        for layer, (keys, values) in zip(prefix.layers, states if states is not None else _states(prefix)):
+            view = copy.copy(layer)
+            view.keys, view.values = keys.expand(rows, -1, -1, -1), values.expand(rows, -1, -1, -1)
+            self.layers.append(view)
 
     def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args: Any,
                **kwargs: Any) -> tuple[Tensor, Tensor]:

@@ -32,7 +32,7 @@ from envace.distributed import fully_shard_layers, peer_any, peer_max
 from envace.evaluation import PolicyEvaluator, policy_engine
 from envace.fidelity import reference_probes, rehearse_probes
 from envace.guard import CollusionGuard
-from envace.logprobs import token_logps
+from envace.logprobs import PrefixCarry, token_logps
 from envace.losses.aggregation import TokenAggregator, TokenMean, role_weights
 from envace.losses.engine_gap import engine_correction
 from envace.losses.objective import LossWeights, envace_objective
@@ -51,7 +51,7 @@ from envace.rollout.collate import RolloutBatch, collate, role_rows
 from envace.rollout.runner import EpisodeRunner, RolloutConfig
 from envace.scoring import score_episodes
 from envace.types import Episode, Role, Sample, Task
-from envace.update import GRPOConfig, mean_stats, micro_batches, sum_heads
+from envace.update import Groups, GRPOConfig, MicroBatch, mean_stats, micro_batches, sum_heads
 from envace.users import ModelUser
 from envace.worlds.base import World
 from envace.worlds.rehearse import RehearseWorld, alignment_prompter
@@ -554,12 +554,16 @@ class EnvACEModule(PolicyModule):
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=batch.input_ids.device)  # [N, T]
         micro_batches = list(self._micro_batches(batch, torch.arange(len(batch), device=batch.input_ids.device)))
         passes = self._peer_max(len(micro_batches))  # before any pass: no other collective may interleave with it
-        for idx in micro_batches:
+        carry = self.prefix_carry(batch, micro_batches)
+        for idx, groups in micro_batches:
             micro = batch.rows(idx)
             with context(), self._role_adapter(micro):
                 logps, _ = token_logps(model, micro.input_ids, micro.attention_mask, micro.temperatures,
-                                        positions=micro.loss_mask, share_prefix=self.grpo.share_prefix)
+                                        positions=micro.loss_mask, share_prefix=self.grpo.share_prefix,
+                                        groups=groups, carry=carry)
             out[idx, : logps.shape[1]] = logps
+        if carry is not None:
+            carry.check_done()
         for _ in range(passes - len(micro_batches)):
             with context():
                 self._join_peers(model, backward=False)
@@ -581,7 +585,7 @@ class EnvACEModule(PolicyModule):
         if backward:
             self.manual_backward(logits.sum() * 0.0)
 
-    def _micro_batches(self, batch: RolloutBatch, rows: Tensor) -> Iterator[Tensor]:
+    def _micro_batches(self, batch: RolloutBatch, rows: Tensor) -> Iterator[MicroBatch]:
         """``envace.update.micro_batches`` under ``grpo``'s caps; one role per micro-batch with role adapters."""
         g = self.grpo
         return micro_batches(batch, rows, g.micro_batch_size, g.micro_batch_tokens, by_role=bool(self.role_adapters),
@@ -616,14 +620,17 @@ class EnvACEModule(PolicyModule):
         micro_batches = list(self._micro_batches(mb, torch.arange(len(mb), device=mb.input_ids.device)))
         passes = self._peer_max(len(micro_batches))  # before any pass: no other collective may interleave with it
         stats: list[dict[str, Tensor]] = []
-        for idx in micro_batches:
+        carry = self.prefix_carry(mb, micro_batches)
+        for idx, groups in micro_batches:
             micro = mb.rows(idx)
             w = {k: v[idx][:, : micro.input_ids.shape[1]] for k, v in weights.items()}
             with self._role_adapter(micro):
-                loss, micro_stats = self._micro_loss(micro, w)
-            self.manual_backward(loss)
+                loss, micro_stats = self._micro_loss(micro, w, groups, carry)
+                self.manual_backward(self.with_carry(loss, carry))
             self.return_freed_memory()
             stats.append(micro_stats)
+        if carry is not None:
+            carry.check_done()
         for _ in range(passes - len(micro_batches)):
             self._join_peers(self.model, backward=True)
         return stats
@@ -663,10 +670,11 @@ class EnvACEModule(PolicyModule):
         rank_zero_warn(f"optimiser step {step}: non-finite {names}; the step is skipped (gradients zeroed), "
                        f"{self._nonfinite_streak} in a row")
 
-    def _micro_loss(self, micro: RolloutBatch, w: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+    def _micro_loss(self, micro: RolloutBatch, w: dict[str, Tensor], groups: Groups | None = None,
+                    carry: PrefixCarry | None = None) -> tuple[Tensor, dict[str, Tensor]]:
         logps, entropy = token_logps(
             self.model, micro.input_ids, micro.attention_mask, micro.temperatures, with_entropy=self.log_entropy,
-            positions=micro.loss_mask, share_prefix=self.grpo.share_prefix,
+            positions=micro.loss_mask, share_prefix=self.grpo.share_prefix, groups=groups, carry=carry,
         )
         old = micro.old_logps if micro.old_logps is not None else logps.detach()
         g = self.grpo

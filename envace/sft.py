@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from envace.alignment import AlignmentRows, DemonstrationRows
 from envace.base_module import PolicyModule
 from envace.evaluation import PolicyEvaluator, policy_engine
-from envace.logprobs import token_logps
+from envace.logprobs import PrefixCarry, token_logps
 from envace.memory import Workload
 from envace.policy.chat import check_chat_template
 from envace.policy.hf import Policy
@@ -34,7 +34,7 @@ from envace.rewards.task_success import TaskSuccess
 from envace.rollout.collate import RolloutBatch, collate
 from envace.rollout.runner import RolloutConfig
 from envace.types import Role, Task
-from envace.update import DEFAULT_MICRO_BATCH_TOKENS, micro_batches
+from envace.update import DEFAULT_MICRO_BATCH_TOKENS, Groups, MicroBatch, micro_batches
 from envace.worlds.base import World
 from envace.worlds.rehearse import RehearseWorld
 
@@ -172,7 +172,7 @@ class SFTModule(PolicyModule):
         tokens = scored = 0
         if batch is not None:
             lengths = batch.attention_mask.sum(-1)
-            for idx in self._micro_batches(batch):
+            for idx, _ in self._micro_batches(batch):
                 padded = len(idx) * int(lengths[idx].max())
                 fraction = float(batch.loss_mask[idx].sum()) / max(padded, 1)
                 size = max(padded, self.micro_batch_tokens) if self.micro_batch_tokens else padded
@@ -223,7 +223,7 @@ class SFTModule(PolicyModule):
             self.evaluator.evaluate(self, tasks, prefix, self._engine, self._engine, self.tokenizer)
             self.model.train(was_training)
 
-    def _micro_batches(self, batch: RolloutBatch) -> list[Tensor]:
+    def _micro_batches(self, batch: RolloutBatch) -> list[MicroBatch]:
         """The step's rows in micro-batches under ``micro_batch_tokens`` (one role each with ``share_prefix``)."""
         rows = torch.arange(len(batch), device=batch.input_ids.device)
         return list(micro_batches(batch, rows, self.micro_batch_size, self.micro_batch_tokens,
@@ -243,21 +243,26 @@ class SFTModule(PolicyModule):
         counts = {"act": (batch.loss_mask * act_rows[:, None]).sum().clamp(min=1.0),
                   "rehearse": (batch.loss_mask * ~act_rows[:, None]).sum().clamp(min=1.0)}
         heads: dict[str, Tensor] = {}
-        for idx in self._micro_batches(batch):
+        plan = self._micro_batches(batch)
+        carry = self.prefix_carry(batch, plan)
+        for idx, groups in plan:
             micro = batch.rows(idx)
-            nll = -self._logps(micro) * micro.loss_mask  # [n, t]
+            nll = -self._logps(micro, groups, carry) * micro.loss_mask  # [n, t]
             act = (micro.row_role == int(Role.ACT)).float()[:, None]  # [n, 1]
             part = {"act": (nll * act).sum() / counts["act"], "rehearse": (nll * (1 - act)).sum() / counts["rehearse"]}
             if backward:
-                self.manual_backward(self.act_weight * part["act"] + self.rehearse_weight * part["rehearse"])
+                self.manual_backward(self.with_carry(
+                    self.act_weight * part["act"] + self.rehearse_weight * part["rehearse"], carry))
                 part = {k: v.detach() for k, v in part.items()}
                 self.return_freed_memory()
             heads = {k: heads[k] + v if k in heads else v for k, v in part.items()}
+        if carry is not None:
+            carry.check_done()
         loss = self.act_weight * heads["act"] + self.rehearse_weight * heads["rehearse"]
         return loss, {"sft_loss": loss.detach(), **{f"sft_loss_{k}": v.detach() for k, v in heads.items()}}
 
-    def _logps(self, micro: RolloutBatch) -> Tensor:
-        """Log-probs of a micro-batch's target tokens (its rows share one role when ``share_prefix`` is on)."""
+    def _logps(self, micro: RolloutBatch, groups: Groups | None = None, carry: PrefixCarry | None = None) -> Tensor:
+        """Log-probs of a micro-batch's target tokens, on its planned prefix groups (``micro_batches``)."""
         assert self.model is not None
         return token_logps(self.model, micro.input_ids, micro.attention_mask, positions=micro.loss_mask,
-                           share_prefix=self.share_prefix)[0].float()
+                           share_prefix=self.share_prefix, groups=groups, carry=carry)[0].float()

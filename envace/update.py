@@ -8,14 +8,15 @@ not by the batch size, the number of rows per task or the length of a task.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 from torch import Tensor
 
-from envace.logprobs import common_length, kept_positions, shareable_rows
+from envace.logprobs import PrefixCarry, kept_positions, prefix_runs, shareable_rows
 from envace.rollout.collate import RolloutBatch
 from envace.types import Role
 
@@ -109,59 +110,80 @@ class GRPOConfig:
                 raise ValueError(f"grpo.{name} must be >= 0, got {getattr(self, name)}")
 
 
-def pack_rows(rows: Tensor, lengths: list[int], max_rows: int, max_tokens: int,
-              shared: list[int] | None = None) -> Iterator[Tensor]:
+def pack_rows(rows: Tensor, lengths: list[int], max_rows: int, max_tokens: int) -> Iterator[Tensor]:
     """Greedy consecutive chunks of ``rows`` under a row cap and a budget of computed tokens.
 
     A chunk's cost is ``rows_in_chunk * its_longest_row`` padded tokens (rows sorted longest first keep it low); a
     single row longer than the budget gets a chunk of its own. ``max_tokens`` 0 means no token budget.
-
-    With ``shared`` (``shared[i]``: the prefix row ``i`` shares with row ``i - 1`` that the forward computes once, 0
-    where none; the first entry is ignored), a chunk whose rows all share ``p`` tokens costs
-    ``p + rows_in_chunk * (its_longest_row - p)``: the prefix once and the padded suffixes, as
-    ``envace.logprobs.token_logps`` computes it.
     """
     start = 0
     while start < len(rows):
-        end, longest, prefix = start + 1, lengths[start], lengths[start]
+        end, longest = start + 1, lengths[start]
         while end < len(rows) and end - start < max_rows:
-            wider, common = max(longest, lengths[end]), min(prefix, shared[end] if shared else 0)
-            if max_tokens > 0 and common + (end - start + 1) * (wider - common) > max_tokens:
+            wider = max(longest, lengths[end])
+            if max_tokens > 0 and (end - start + 1) * wider > max_tokens:
                 break
-            longest, prefix, end = wider, common, end + 1
+            longest, end = wider, end + 1
         yield rows[start:end]
         start = end
 
 
-def shared_prefixes(input_ids: Tensor, lengths: Tensor, positions: Tensor, min_prefix: int) -> list[int]:
-    """For rows in order, the prefix each shares with the one before it that ``token_logps`` may compute once.
+Groups = list[tuple[list[int], int]]
+"""Prefix groups: ``(rows, prefix)`` pairs, the rows computing their first ``prefix`` tokens once (0: plain rows)."""
 
-    That is the longest common prefix of the two rows, cut before either row's first scored position (a prefix holds
-    no scored token) and before either row ends; 0 where it is shorter than ``min_prefix`` (not worth sharing).
 
-    Args:
-        input_ids: right-padded rows, in packing order.  # [n, T]
-        lengths: real tokens per row.  # [n]
-        positions: the scored positions (the loss mask).  # [n, T]
-        min_prefix: the ``share_prefix`` threshold.
+class MicroBatch(NamedTuple):
+    """One forward/backward's rows, and (with ``share_prefix``) the prefix groups its forward runs."""
+
+    rows: Tensor
+    """Indices of the rows in their batch.  # [n]"""
+    groups: Groups | None = None
+    """``(positions in rows, prefix)`` for ``envace.logprobs.token_logps(groups=...)``; None: no sharing planned."""
+
+
+def part_cost(rows: list[int], prefix: int, lengths: list[int]) -> int:
+    """Tokens a group part computes and holds: its prefix once and its rows' suffixes padded to the longest."""
+    return prefix + len(rows) * (max(lengths[r] for r in rows) - prefix)
+
+
+def pack_groups(groups: Groups, lengths: list[int], max_rows: int, max_tokens: int) -> list[Groups]:
+    """Chunks of prefix groups under a row cap and a budget of computed tokens, groups split where they must be.
+
+    The groups are taken in order and their rows longest first; a chunk's cost is the sum of its parts'
+    ``part_cost``. A group too large for the room left goes on in the next chunk with the same prefix (a
+    ``PrefixCarry`` then computes it once for all its parts; every part counts it, since its activations are held). A
+    single row longer than the budget gets a chunk of its own. ``max_tokens`` 0 means no token budget.
+
+    Returns:
+        per chunk, its ``(rows, prefix)`` parts (indices as in ``groups``).
     """
-    mask = torch.arange(input_ids.shape[1], device=lengths.device) < lengths[:, None]  # [n, T]
-    rows, limits = shareable_rows(input_ids, lengths.tolist(), kept_positions(positions, mask))
-    out = [0]
-    for i in range(1, len(rows)):
-        common = min(common_length(rows[i - 1], rows[i]), limits[i - 1], limits[i])
-        out.append(common if common >= min_prefix else 0)
-    return out
+    chunks: list[Groups] = []
+    chunk: Groups = []
+    cost = count = 0  # the closed parts of the open chunk
+    for members, prefix in groups:
+        part: list[int] = []
+        for row in sorted(members, key=lambda r: -lengths[r]):
+            full = count + len(part) >= max_rows
+            over = max_tokens > 0 and cost + part_cost([*part, row], prefix, lengths) > max_tokens
+            if (chunk or part) and (full or over):
+                chunks.append([*chunk, (part, prefix)] if part else chunk)
+                chunk, cost, count, part = [], 0, 0, []
+            part.append(row)
+        chunk.append((part, prefix))
+        cost, count = cost + part_cost(part, prefix, lengths), count + len(part)
+    return [*chunks, chunk] if chunk else chunks
 
 
 def micro_batches(batch: RolloutBatch, rows: Tensor, max_rows: int, max_tokens: int, *, by_role: bool = False,
-                  share_prefix: int = 0) -> Iterator[Tensor]:
-    """Split ``rows`` of ``batch`` into micro-batches under a row cap and a budget of computed tokens (``pack_rows``).
+                  share_prefix: int = 0) -> Iterator[MicroBatch]:
+    """Split ``rows`` of ``batch`` into micro-batches under a row cap and a budget of computed tokens.
 
-    Rows are sorted longest first, so rows of similar length share a micro-batch (less padding). With ``by_role``
-    (role adapters) or ``share_prefix``, every micro-batch holds rows of one role only; with ``share_prefix`` they are
-    ordered by their token ids instead, so that rows sharing a prefix meet in one micro-batch
-    (``envace.logprobs.token_logps`` then computes that prefix once).
+    Rows are sorted longest first, so rows of similar length share a micro-batch (less padding; ``pack_rows``). With
+    ``by_role`` (role adapters) or ``share_prefix``, every micro-batch holds rows of one role only. With
+    ``share_prefix`` the prefix groups are planned once for all the rows of a role (``envace.logprobs.prefix_runs``:
+    the act rows' system prompt and tool schemas, each task's rehearse prompt) and packed group by group
+    (``pack_groups``, a prefix costed once per micro-batch); a group that spans micro-batches keeps its prefix, so a
+    ``PrefixCarry`` (``prefix_carry``) can compute it once.
 
     Args:
         batch: the rows' batch.
@@ -171,30 +193,39 @@ def micro_batches(batch: RolloutBatch, rows: Tensor, max_rows: int, max_tokens: 
         by_role: never mix act and rehearse rows in one micro-batch.
         share_prefix: the shared-prefix threshold of the forward pass (0: off).
     """
-    groups = [rows]
+    parts = [rows]
     if by_role or share_prefix:
         roles = batch.row_role[rows]
-        groups = [rows[roles == int(r)] for r in (Role.ACT, Role.REHEARSE)]
+        parts = [rows[roles == int(r)] for r in (Role.ACT, Role.REHEARSE)]
     lengths = batch.attention_mask.sum(-1)  # [N]
-    for group in groups:
-        shared = None
-        if share_prefix:  # rows that share a prefix side by side (token_logps groups them), the prefix costed once
-            group = group[by_tokens(batch.input_ids[group], lengths[group])]
-            shared = shared_prefixes(batch.input_ids[group], lengths[group], batch.loss_mask[group], share_prefix)
-        else:
-            group = group[torch.argsort(lengths[group], descending=True, stable=True)]
-        yield from pack_rows(group, lengths[group].tolist(), max_rows, max_tokens, shared)
+    for part in parts:
+        if not share_prefix:
+            part = part[torch.argsort(lengths[part], descending=True, stable=True)]
+            yield from (MicroBatch(chunk) for chunk in pack_rows(part, lengths[part].tolist(), max_rows, max_tokens))
+            continue
+        tokens, limits = shareable_rows(batch.input_ids[part], lengths[part].tolist(),
+                                        kept_positions(batch.loss_mask[part], batch.attention_mask[part]))
+        for chunk in pack_groups(prefix_runs(tokens, limits, share_prefix), lengths[part].tolist(), max_rows,
+                                 max_tokens):
+            order = [row for members, _ in chunk for row in members]
+            starts = [0]
+            for members, _ in chunk:
+                starts.append(starts[-1] + len(members))
+            local = [(list(range(a, a + len(m))), prefix) for a, (m, prefix) in zip(starts, chunk)]
+            yield MicroBatch(part[torch.tensor(order, dtype=torch.long, device=part.device)], local)
 
 
-def by_tokens(input_ids: Tensor, lengths: Tensor) -> Tensor:
-    """The order of right-padded rows by their real tokens (lexicographic): rows sharing a prefix become neighbours.
+def prefix_carry(batch: RolloutBatch, plan: list[MicroBatch], scale: float = 1.0) -> PrefixCarry | None:
+    """A ``PrefixCarry`` for a step planned by ``micro_batches``: how many micro-batches read each shared prefix.
 
-    Args:
-        input_ids: right-padded rows.  # [N, T]
-        lengths: real tokens per row.  # [N]
+    None when no prefix is read by more than one micro-batch (nothing to carry).
     """
-    rows = [input_ids[i, : int(n)].tolist() for i, n in enumerate(lengths)]
-    return torch.tensor(sorted(range(len(rows)), key=lambda i: rows[i]), dtype=torch.long, device=input_ids.device)
+    uses: Counter[tuple[int, ...]] = Counter()
+    for micro in plan:
+        for members, prefix in micro.groups or []:
+            if prefix:
+                uses[tuple(batch.input_ids[micro.rows[members[0]], :prefix].tolist())] += 1
+    return PrefixCarry(uses, scale) if any(n > 1 for n in uses.values()) else None
 
 
 def sum_heads(stats: list[dict[str, Tensor]]) -> dict[str, Tensor]:

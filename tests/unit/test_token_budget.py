@@ -13,11 +13,13 @@ covers gradient entries that are sums of opposite terms and so near zero.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from unittest import mock
 
 import pytest
 import torch
 
+import envace.logprobs
 from envace.losses.aggregation import ConstantNorm, SeqMeanTokenMean, TokenMean
 from envace.module import EnvACEModule
 from envace.policy import TinyPolicy
@@ -47,19 +49,35 @@ def _sft(budget: int, share_prefix: int = 0) -> SFTModule:
     return module
 
 
-def _sft_step(budget: int, share_prefix: int = 0) -> tuple[dict[str, float], dict[str, torch.Tensor], int]:
+def _counting_prefix_passes() -> tuple[list[int], object]:
+    """Record the length of every shared prefix ``token_logps`` computes."""
+    calls: list[int] = []
+    real = envace.logprobs.prefix_states
+
+    def counted(model, input_ids, attention_mask):  # noqa: ANN001, ANN202
+        calls.append(input_ids.shape[1])
+        return real(model, input_ids, attention_mask)
+
+    return calls, mock.patch.object(envace.logprobs, "prefix_states", counted)
+
+
+def _sft_step(budget: int, share_prefix: int = 0) -> tuple[dict[str, float], dict[str, torch.Tensor], int, list[int]]:
     module = _sft(budget, share_prefix)
     batch = module.sample_rollouts(load_task_set("builtin:bank:6"))
-    with mock.patch.object(module, "manual_backward", lambda loss: loss.backward()):
+    calls, counting = _counting_prefix_passes()
+    with mock.patch.object(module, "manual_backward", lambda loss: loss.backward()), counting:
         _, stats = module._loss(batch, backward=True)
-    return {k: float(v) for k, v in stats.items()}, _grads(module.model), len(module._micro_batches(batch))
+    return {k: float(v) for k, v in stats.items()}, _grads(module.model), len(module._micro_batches(batch)), calls
 
 
 @pytest.mark.parametrize("share_prefix", [0, 16])
 def test_sft_loss_and_gradients_do_not_depend_on_the_token_budget(share_prefix: int) -> None:
-    whole, whole_grads, one = _sft_step(0, share_prefix)
-    split, split_grads, many = _sft_step(256, share_prefix)
+    whole, whole_grads, one, whole_prefixes = _sft_step(0, share_prefix)
+    split, split_grads, many, split_prefixes = _sft_step(256, share_prefix)
     assert one <= 2 and many >= 4  # the budget really split the step (one role per micro-batch with share_prefix)
+    # each role's rows share one prefix (bank's act and rehearse prompts), split over several micro-batches here
+    # and computed once all the same (PrefixCarry)
+    assert whole_prefixes == split_prefixes == ([40, 29] if share_prefix else [])
     assert whole.keys() == split.keys()
     for key in whole:
         assert split[key] == pytest.approx(whole[key], rel=RTOL), key
@@ -77,17 +95,23 @@ def test_sft_validation_loss_runs_in_micro_batches_and_matches_the_whole_batch()
         assert float(split[key]) == pytest.approx(float(whole[key]), rel=RTOL), key
 
 
-def _rl_batch(vocab: int, seed: int = 0) -> RolloutBatch:
+def _rl_batch(vocab: int, seed: int = 0, shared: int = 0) -> RolloutBatch:
     """Rows of every kind the update trains: act and rehearse policy-gradient rows, alignment and imitation rows,
-    of different lengths and loss masks, with behaviour log-probs that make the clip bite on some tokens."""
+    of different lengths and loss masks, with behaviour log-probs that make the clip bite on some tokens.
+
+    ``shared``: the rows of each role begin with that role's own ``shared`` tokens, scored only after them (a system
+    prompt and tool schemas that ``share_prefix`` computes once)."""
     g = torch.Generator().manual_seed(seed)
     kinds = [(Role.ACT, False)] * 6 + [(Role.REHEARSE, False)] * 5
     kinds += [(Role.REHEARSE, True)] * 3 + [(Role.ACT, True)] * 2
     n, width = len(kinds), 90
-    lengths = torch.randint(20, width + 1, (n,), generator=g)
+    lengths = torch.randint(20 + shared, width + 1, (n,), generator=g)
     ids = torch.randint(5, vocab, (n, width), generator=g)
+    for role in (Role.ACT, Role.REHEARSE):
+        rows = torch.tensor([r == role for r, _ in kinds])
+        ids[rows, :shared] = torch.randint(5, vocab, (shared,), generator=g)
     attention = (torch.arange(width)[None, :] < lengths[:, None]).long()
-    loss_mask = attention.float() * (torch.arange(width)[None, :] >= 10).float()
+    loss_mask = attention.float() * (torch.arange(width)[None, :] >= 10 + shared).float()
     loss_mask *= (torch.rand(n, width, generator=g) > 0.2).float()
     ids = torch.where(attention.bool(), ids, torch.zeros_like(ids))
     return RolloutBatch(
@@ -99,24 +123,30 @@ def _rl_batch(vocab: int, seed: int = 0) -> RolloutBatch:
     )
 
 
-def _rl_step(aggregation: object, budget: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], int]:
-    grpo = GRPOConfig(micro_batch_size=64, micro_batch_tokens=budget, align_weight=0.5, imitate_weight=0.3)
+def _rl_step(aggregation: object, budget: int,
+             share_prefix: int = 0) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], int]:
+    grpo = GRPOConfig(micro_batch_size=64, micro_batch_tokens=budget, align_weight=0.5, imitate_weight=0.3,
+                      share_prefix=share_prefix)
     module = EnvACEModule(TinyPolicy(hidden=32, layers=2), grpo=grpo, aggregation=aggregation)
     module.configure_model()
     torch.manual_seed(0)
-    batch = _rl_batch(module.model.config.vocab_size)
+    batch = _rl_batch(module.model.config.vocab_size, shared=30 if share_prefix else 0)
+    calls, counting = _counting_prefix_passes()
     with mock.patch.object(module, "manual_backward", lambda loss: loss.backward()), \
-            mock.patch.object(module, "_peer_max", lambda count: count):
+            mock.patch.object(module, "_peer_max", lambda count: count), counting:
         stats = module._accumulate(batch)
+    assert calls == ([30, 30] if share_prefix else [])  # each role's prefix once, however the rows are split
     return sum_heads(stats), _grads(module.model), len(stats)
 
 
+@pytest.mark.parametrize("share_prefix", [0, 8])
 @pytest.mark.parametrize("aggregation", [TokenMean(), SeqMeanTokenMean(), ConstantNorm(64.0)],
                          ids=["token_mean", "seq_mean_token_mean", "constant_norm"])
-def test_rl_update_loss_and_gradients_do_not_depend_on_the_token_budget(aggregation: object) -> None:
-    whole, whole_grads, one = _rl_step(aggregation, 0)
-    split, split_grads, many = _rl_step(aggregation, 200)
-    assert one == 1 and many >= 4
+def test_rl_update_loss_and_gradients_do_not_depend_on_the_token_budget(aggregation: object,
+                                                                        share_prefix: int) -> None:
+    whole, whole_grads, one = _rl_step(aggregation, 0, share_prefix)
+    split, split_grads, many = _rl_step(aggregation, 200, share_prefix)
+    assert one == (2 if share_prefix else 1) and many >= 4  # one role per micro-batch with share_prefix
     assert whole.keys() == split.keys()
     assert float(whole["loss_align"]) > 0 and float(whole["loss_imitate"]) > 0 and float(whole["clip_frac_act"]) > 0
     for key in whole:  # every head, and the token-weighted rates and entropies
@@ -127,10 +157,26 @@ def test_rl_update_loss_and_gradients_do_not_depend_on_the_token_budget(aggregat
 def test_micro_batches_cover_every_row_once_under_the_budget() -> None:
     batch = _rl_batch(100)
     lengths = batch.attention_mask.sum(-1)
-    parts = list(micro_batches(batch, torch.arange(len(batch)), 64, 200))
+    parts = [m.rows for m in micro_batches(batch, torch.arange(len(batch)), 64, 200)]
     assert sorted(torch.cat(parts).tolist()) == list(range(len(batch)))
     for part in parts:
         assert len(part) == 1 or len(part) * int(lengths[part].max()) <= 200
-    roles = [set(batch.row_role[p].tolist()) for p in micro_batches(batch, torch.arange(len(batch)), 64, 200,
-                                                                  share_prefix=8)]
+    roles = [set(batch.row_role[m.rows].tolist()) for m in micro_batches(batch, torch.arange(len(batch)), 64, 200,
+                                                                       share_prefix=8)]
     assert all(len(r) == 1 for r in roles)  # one role per micro-batch when prefixes are shared
+
+
+def test_rl_behaviour_logps_do_not_depend_on_the_token_budget() -> None:
+    """The old and reference log-probs (no gradient) run in the same micro-batches, a split prefix carried."""
+    out = []
+    for budget in (0, 200):
+        grpo = GRPOConfig(micro_batch_size=64, micro_batch_tokens=budget, share_prefix=8)
+        module = EnvACEModule(TinyPolicy(hidden=32, layers=2), grpo=grpo)
+        module.configure_model()
+        batch = _rl_batch(module.model.config.vocab_size, shared=30)
+        calls, counting = _counting_prefix_passes()
+        with mock.patch.object(module, "_peer_max", lambda count: count), counting, torch.no_grad():
+            out.append(module._logps_in_chunks(batch, module.model, nullcontext))
+        assert calls == [30, 30]
+    torch.testing.assert_close(out[1], out[0], rtol=RTOL, atol=ATOL)
+    assert out[0].abs().sum() > 0
