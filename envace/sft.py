@@ -71,9 +71,9 @@ class SFTModule(PolicyModule):
             host memory); needs ``export_dir``.
         test_group_by: under ``envace test``, also log success per value of this key of the tasks' ``metadata``
             (``test/success_act/KEY=VALUE``, ``test/tasks/KEY=VALUE``; docs/task-format.md); needs ``eval_world``.
-        share_prefix: inside each micro-batch (one role per micro-batch), compute the prefix its rows share (the
-            system prompt and tool schemas, most of a short row) once, when it is at least this many tokens
-            (``envace.logprobs.token_logps``); 0 (the default) runs every row in full.
+        share_prefix: compute a prefix that rows of one role share (the system prompt and tool schemas, most of a
+            short row) once per step, when it is at least this many tokens (``envace.update.micro_batches``,
+            ``envace.logprobs.token_logps``); 0 (the default) runs every row in full.
         micro_batch_tokens: most computed tokens (rows x the longest row; with ``share_prefix`` their shared prefix
             once) per forward/backward; a step's rows are packed into micro-batches under it and their gradients
             accumulated, so peak activation memory is set by this key, not by ``data.batch_size`` or the rows per

@@ -69,11 +69,11 @@ class GRPOConfig:
             its update; this many such steps in a row stop training with an error that names the causes (an
             always-failing setup would otherwise loop forever, since skipped steps never reach ``max_steps``).
             0: never stop.
-        share_prefix: compute the prefix the rows of a micro-batch share (the system prompt and tool schemas:
-            most of a short row) once per micro-batch instead of once per row, when it is at least this many
-            tokens (``envace.logprobs.token_logps``); micro-batches then hold one role each, so act rows share the
-            act prompt and rehearse rows the rehearse prompt. 0 (the default) turns it off. Works with
-            activation checkpointing (``policy.gradient_checkpointing``, full or selective).
+        share_prefix: compute a prefix that rows share (the system prompt and tool schemas: most of a short row)
+            once per step instead of once per row, when it is at least this many tokens (``micro_batches``,
+            ``envace.logprobs.token_logps``, ``envace.logprobs.PrefixCarry`` on one rank); micro-batches then hold
+            one role each, so act rows share the act prompt and rehearse rows the rehearse prompt. 0 (the default)
+            turns it off. Works with activation checkpointing (``policy.gradient_checkpointing``, every mode).
     """
 
     group_size: int = 4

@@ -334,3 +334,41 @@ def load_benchmark(name: str) -> Any:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def shared_rows(prefix_len: int, tails: list[int], first_scored: int) -> tuple[Any, Any, Any]:
+    """Right-padded rows that start with one common prefix of random tokens; scored from ``first_scored`` on.
+
+    Returns ``input_ids``, ``attention_mask`` and the scored positions.  # [N, T], [N, T], [N, T]
+    """
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    prefix = torch.randint(5, 3000, (prefix_len,), generator=g)
+    width = prefix_len + max(tails)
+    ids = torch.zeros(len(tails), width, dtype=torch.long)
+    mask = torch.zeros(len(tails), width, dtype=torch.long)
+    scored = torch.zeros(len(tails), width)
+    for i, tail in enumerate(tails):
+        ids[i, :prefix_len] = prefix
+        ids[i, prefix_len : prefix_len + tail] = torch.randint(5, 3000, (tail,), generator=g)
+        mask[i, : prefix_len + tail] = 1
+        scored[i, first_scored : prefix_len + tail] = 1
+    return ids, mask, scored
+
+
+def counting_prefix_passes() -> tuple[list[int], Any]:
+    """A patch of ``envace.logprobs.prefix_states`` that records the length of every shared prefix computed, and
+    that record."""
+    from unittest import mock
+
+    import envace.logprobs
+
+    calls: list[int] = []
+    real = envace.logprobs.prefix_states
+
+    def counted(model: Any, input_ids: Any, attention_mask: Any) -> Any:
+        calls.append(input_ids.shape[1])
+        return real(model, input_ids, attention_mask)
+
+    return calls, mock.patch.object(envace.logprobs, "prefix_states", counted)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from helpers import shared_rows
 from torch import Tensor, nn
 
 from envace.logprobs import token_logps
@@ -174,22 +175,6 @@ def test_positions_path_backpropagates_only_through_kept_positions(tiny_tokenize
 # -- a shared prefix computed once (share_prefix) ----------------------------------------------------------------------
 
 
-def _shared_rows(prefix_len: int, tails: list[int], first_scored: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Right-padded rows that start with one common prefix; scored from ``first_scored`` on."""
-    g = torch.Generator().manual_seed(0)
-    prefix = torch.randint(5, 3000, (prefix_len,), generator=g)
-    width = prefix_len + max(tails)
-    ids = torch.zeros(len(tails), width, dtype=torch.long)
-    mask = torch.zeros(len(tails), width, dtype=torch.long)
-    scored = torch.zeros(len(tails), width)
-    for i, tail in enumerate(tails):
-        ids[i, :prefix_len] = prefix
-        ids[i, prefix_len : prefix_len + tail] = torch.randint(5, 3000, (tail,), generator=g)
-        mask[i, : prefix_len + tail] = 1
-        scored[i, first_scored : prefix_len + tail] = 1
-    return ids, mask, scored
-
-
 def _padded(rows: list[list[int]]) -> tuple[Tensor, Tensor]:
     width = max(map(len, rows))
     ids = torch.tensor([r + [0] * (width - len(r)) for r in rows])
@@ -249,7 +234,7 @@ def test_share_prefix_gives_the_plain_forwards_logps_and_gradients(tiny_tokenize
 
     model, _ = TinyPolicy(hidden=64, layers=2).build()
     model.train()
-    ids, mask, scored = _shared_rows(40, [10, 25, 7, 18], first_scored=42)
+    ids, mask, scored = shared_rows(40, [10, 25, 7, 18], first_scored=42)
     temps = torch.tensor([1.0, 0.7, 1.0, 1.3])
     results = []
     for share in (0, 8):
@@ -269,7 +254,7 @@ def test_share_prefix_falls_back_when_the_prefix_is_short_or_missing(tiny_tokeni
     from envace.policy import TinyPolicy
 
     model, _ = TinyPolicy(hidden=64, layers=2).build()
-    ids, mask, scored = _shared_rows(6, [10, 12], first_scored=3)  # scored inside the prefix: 2 shareable tokens
+    ids, mask, scored = shared_rows(6, [10, 12], first_scored=3)  # scored inside the prefix: 2 shareable tokens
     with torch.no_grad():
         plain, _ = token_logps(model, ids, mask, positions=scored)
         shared, _ = token_logps(model, ids, mask, positions=scored, share_prefix=4)  # under the minimum of 4
@@ -282,7 +267,7 @@ def test_share_prefix_works_under_activation_checkpointing(tiny_tokenizer, share
     from envace.policy import TinyPolicy
     from envace.policy.checkpointing import checkpoint_layers, checkpointed_layers
 
-    ids, mask, scored = _shared_rows(40, [10, 25, 7, 18], first_scored=42)
+    ids, mask, scored = shared_rows(40, [10, 25, 7, 18], first_scored=42)
     results = []
     for checkpointed in (False, True):
         torch.manual_seed(0)
@@ -312,7 +297,7 @@ def test_checkpointing_under_bf16_autocast_matches_no_checkpointing(tiny_tokeniz
     from envace.policy import TinyPolicy
     from envace.policy.checkpointing import checkpoint_layers
 
-    ids, mask, scored = _shared_rows(40, [10, 25, 7, 18], first_scored=42)
+    ids, mask, scored = shared_rows(40, [10, 25, 7, 18], first_scored=42)
     results = []
     for run in ("float32", None, mode):
         torch.manual_seed(0)
@@ -346,7 +331,7 @@ def test_selective_checkpointing_keeps_the_matrix_products_only(tiny_tokenizer, 
     import envace.policy.checkpointing as checkpointing
     from envace.policy import TinyPolicy
 
-    ids, mask, scored = _shared_rows(40, [10, 25, 7, 18], first_scored=42)
+    ids, mask, scored = shared_rows(40, [10, 25, 7, 18], first_scored=42)
     saved = {}
     for mode in (None, "full", "selective"):
         model, _ = TinyPolicy(hidden=64, layers=4).build()
@@ -463,7 +448,7 @@ def test_activation_checkpointing_also_recomputes_the_shared_prefix(tiny_tokeniz
     from envace.policy import TinyPolicy
     from envace.policy.checkpointing import checkpoint_layers
 
-    ids, mask, scored = _shared_rows(40, [10, 25, 7, 18], first_scored=42)
+    ids, mask, scored = shared_rows(40, [10, 25, 7, 18], first_scored=42)
     model, _ = TinyPolicy(hidden=64, layers=4).build()
     model.train()
     plain = _saved_prefix_bytes(model, ids, mask, scored, 40)
@@ -478,7 +463,7 @@ def test_scores_in_chunks_equal_the_whole_and_keep_no_float32_vocabulary_tensor(
     import envace.logprobs as logprobs
     from envace.policy import TinyPolicy
 
-    ids, mask, scored = _shared_rows(12, [10, 25, 7, 18], first_scored=5)
+    ids, mask, scored = shared_rows(12, [10, 25, 7, 18], first_scored=5)
     temps = torch.tensor([1.0, 0.3, 0.0, 0.7])
     results = []
     for chunk in (10**6, 7):  # one chunk (the whole), then 7 positions at a time, with a ragged last chunk

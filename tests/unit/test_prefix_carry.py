@@ -11,13 +11,11 @@ prefix's gradient moves the gradients by a third or more.
 
 from __future__ import annotations
 
-from unittest import mock
-
 import pytest
 import torch
+from helpers import counting_prefix_passes, shared_rows
 from torch import Tensor
 
-import envace.logprobs
 from envace.logprobs import PrefixCarry, token_logps
 from envace.policy import TinyPolicy
 from envace.policy.checkpointing import checkpoint_layers
@@ -36,19 +34,7 @@ PARTS = [[0, 1], [2], [3]]
 
 def _rows() -> tuple[Tensor, Tensor, Tensor]:
     """Four right-padded rows sharing a 40-token prefix, scored from token 42 on."""
-    g = torch.Generator().manual_seed(0)
-    prefix = torch.randint(5, 3000, (PREFIX,), generator=g)
-    tails = [10, 25, 7, 18]
-    width = PREFIX + max(tails)
-    ids = torch.zeros(len(tails), width, dtype=torch.long)
-    mask = torch.zeros(len(tails), width, dtype=torch.long)
-    scored = torch.zeros(len(tails), width)
-    for i, tail in enumerate(tails):
-        ids[i, :PREFIX] = prefix
-        ids[i, PREFIX: PREFIX + tail] = torch.randint(5, 3000, (tail,), generator=g)
-        mask[i, : PREFIX + tail] = 1
-        scored[i, PREFIX + 2: PREFIX + tail] = 1
-    return ids, mask, scored
+    return shared_rows(PREFIX, [10, 25, 7, 18], first_scored=PREFIX + 2)
 
 
 def _model(mode: str | None) -> torch.nn.Module:
@@ -63,17 +49,6 @@ def _grads(model: torch.nn.Module) -> list[Tensor]:
     return [p.grad.clone() for p in model.parameters()]
 
 
-def _counting_prefix_passes() -> tuple[list[int], object]:
-    calls: list[int] = []
-    real = envace.logprobs.prefix_states
-
-    def counted(model, input_ids, attention_mask):  # noqa: ANN001, ANN202
-        calls.append(input_ids.shape[1])
-        return real(model, input_ids, attention_mask)
-
-    return calls, mock.patch.object(envace.logprobs, "prefix_states", counted)
-
-
 @pytest.mark.parametrize("mode", [None, "full", "selective", "light"])
 def test_a_carried_prefix_is_computed_once_and_gives_the_one_pass_values(tiny_tokenizer, mode) -> None:
     ids, mask, scored = _rows()
@@ -84,7 +59,7 @@ def test_a_carried_prefix_is_computed_once_and_gives_the_one_pass_values(tiny_to
 
     model = _model(mode)
     carry = PrefixCarry({tuple(ids[0, :PREFIX].tolist()): len(PARTS)})
-    calls, counting = _counting_prefix_passes()
+    calls, counting = counting_prefix_passes()
     parts = []
     with counting:
         for rows in PARTS:

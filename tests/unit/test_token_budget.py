@@ -18,8 +18,8 @@ from unittest import mock
 
 import pytest
 import torch
+from helpers import counting_prefix_passes
 
-import envace.logprobs
 from envace.losses.aggregation import ConstantNorm, SeqMeanTokenMean, TokenMean
 from envace.module import EnvACEModule
 from envace.policy import TinyPolicy
@@ -49,22 +49,10 @@ def _sft(budget: int, share_prefix: int = 0) -> SFTModule:
     return module
 
 
-def _counting_prefix_passes() -> tuple[list[int], object]:
-    """Record the length of every shared prefix ``token_logps`` computes."""
-    calls: list[int] = []
-    real = envace.logprobs.prefix_states
-
-    def counted(model, input_ids, attention_mask):  # noqa: ANN001, ANN202
-        calls.append(input_ids.shape[1])
-        return real(model, input_ids, attention_mask)
-
-    return calls, mock.patch.object(envace.logprobs, "prefix_states", counted)
-
-
 def _sft_step(budget: int, share_prefix: int = 0) -> tuple[dict[str, float], dict[str, torch.Tensor], int, list[int]]:
     module = _sft(budget, share_prefix)
     batch = module.sample_rollouts(load_task_set("builtin:bank:6"))
-    calls, counting = _counting_prefix_passes()
+    calls, counting = counting_prefix_passes()
     with mock.patch.object(module, "manual_backward", lambda loss: loss.backward()), counting:
         _, stats = module._loss(batch, backward=True)
     return {k: float(v) for k, v in stats.items()}, _grads(module.model), len(module._micro_batches(batch)), calls
@@ -131,7 +119,7 @@ def _rl_step(aggregation: object, budget: int,
     module.configure_model()
     torch.manual_seed(0)
     batch = _rl_batch(module.model.config.vocab_size, shared=30 if share_prefix else 0)
-    calls, counting = _counting_prefix_passes()
+    calls, counting = counting_prefix_passes()
     with mock.patch.object(module, "manual_backward", lambda loss: loss.backward()), \
             mock.patch.object(module, "_peer_max", lambda count: count), counting:
         stats = module._accumulate(batch)
@@ -174,7 +162,7 @@ def test_rl_behaviour_logps_do_not_depend_on_the_token_budget() -> None:
         module = EnvACEModule(TinyPolicy(hidden=32, layers=2), grpo=grpo)
         module.configure_model()
         batch = _rl_batch(module.model.config.vocab_size, shared=30)
-        calls, counting = _counting_prefix_passes()
+        calls, counting = counting_prefix_passes()
         with mock.patch.object(module, "_peer_max", lambda count: count), counting, torch.no_grad():
             out.append(module._logps_in_chunks(batch, module.model, nullcontext))
         assert calls == [30, 30]
