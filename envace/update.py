@@ -16,7 +16,7 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor
 
-from envace.logprobs import PrefixCarry, kept_positions, prefix_runs, shareable_rows
+from envace.logprobs import PrefixCarry, kept_positions, prefix_groups
 from envace.rollout.collate import RolloutBatch
 from envace.types import Role
 
@@ -180,7 +180,7 @@ def micro_batches(batch: RolloutBatch, rows: Tensor, max_rows: int, max_tokens: 
 
     Rows are sorted longest first, so rows of similar length share a micro-batch (less padding; ``pack_rows``). With
     ``by_role`` (role adapters) or ``share_prefix``, every micro-batch holds rows of one role only. With
-    ``share_prefix`` the prefix groups are planned once for all the rows of a role (``envace.logprobs.prefix_runs``:
+    ``share_prefix`` the prefix groups are planned once for all the rows of a role (``envace.logprobs.prefix_groups``:
     the act rows' system prompt and tool schemas, each task's rehearse prompt) and packed group by group
     (``pack_groups``, a prefix costed once per micro-batch); a group that spans micro-batches keeps its prefix, so a
     ``PrefixCarry`` (``prefix_carry``) can compute it once.
@@ -203,16 +203,20 @@ def micro_batches(batch: RolloutBatch, rows: Tensor, max_rows: int, max_tokens: 
             part = part[torch.argsort(lengths[part], descending=True, stable=True)]
             yield from (MicroBatch(chunk) for chunk in pack_rows(part, lengths[part].tolist(), max_rows, max_tokens))
             continue
-        tokens, limits = shareable_rows(batch.input_ids[part], lengths[part].tolist(),
-                                        kept_positions(batch.loss_mask[part], batch.attention_mask[part]))
-        for chunk in pack_groups(prefix_runs(tokens, limits, share_prefix), lengths[part].tolist(), max_rows,
-                                 max_tokens):
+        mask = batch.attention_mask[part]
+        groups = prefix_groups(batch.input_ids[part], mask, kept_positions(batch.loss_mask[part], mask), share_prefix)
+        for chunk in pack_groups(groups, lengths[part].tolist(), max_rows, max_tokens):
             order = [row for members, _ in chunk for row in members]
-            starts = [0]
-            for members, _ in chunk:
-                starts.append(starts[-1] + len(members))
-            local = [(list(range(a, a + len(m))), prefix) for a, (m, prefix) in zip(starts, chunk)]
-            yield MicroBatch(part[torch.tensor(order, dtype=torch.long, device=part.device)], local)
+            yield MicroBatch(part[torch.tensor(order, dtype=torch.long, device=part.device)], _renumbered(chunk))
+
+
+def _renumbered(chunk: Groups) -> Groups:
+    """A chunk's groups with their rows numbered by position in the chunk (its groups' rows, in order)."""
+    out, start = [], 0
+    for members, prefix in chunk:
+        out.append((list(range(start, start + len(members))), prefix))
+        start += len(members)
+    return out
 
 
 def prefix_carry(batch: RolloutBatch, plan: list[MicroBatch], scale: float = 1.0) -> PrefixCarry | None:
