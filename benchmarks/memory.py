@@ -3,7 +3,10 @@
 Each case is a fresh ``envace fit`` process (``--child``), so its peak resident memory (``ru_maxrss``; on CUDA the
 peak allocation) is its own. A case runs a few optimiser steps of a config at its defaults, with only the task set,
 the batch size and the token budget changed; the step time is the mean of the steps after the first (the two paths
-of a comparison run the same seeded batches).
+of a comparison run the same seeded batches). The smaller batch at the defaults runs as many more steps as make the
+same tasks as the larger batch's steps (the seeded order does not depend on the batch size), so the two peaks are
+maxima over the same tasks; its step time is still taken over the first ``--steps``, the batches the path before
+runs, and its peak over those steps is reported beside (``peak_ratio_first_steps``).
 
 - ``sft``: ``lit_configs/smollm2_sft.yaml`` from the prepared SmolLM2-135M-Instruct (no validation);
 - ``rl``: ``lit_configs/smollm2_rl.yaml`` from the same (untrained) model, acting and rehearsing (no validation,
@@ -26,7 +29,8 @@ Run on an idle machine, one job at a time (``uptime`` first)::
 The last line is ``SUMMARY sft_peak_gb=... rl_peak_gb=... peak_ratio_batch16_over_batch4=...
 growth_gb_per_100_steps=... step_time_ratio=... step_time_ratio_over_trimmed_off=...`` (the largest peaks at the
 defaults over the sets, the largest batch-16 / batch-4 ratio, the growth scaled to 100 steps, and the default's step
-time over the ``off`` one and over the ``off+trim`` one).
+time over the ``off`` one and over the ``off+trim`` one), then ``peak_ratio_first_steps=...``: the ratio with the
+smaller batch's peak over its first ``--steps`` only (fewer tasks than the larger batch's).
 """
 
 from __future__ import annotations
@@ -124,6 +128,7 @@ def child(args: list[str], rss_every_step: bool, before: bool = False) -> None:
 
     times: list[float] = []
     rss: list[float] = []
+    hwm: list[float] = []  # the peak so far, after every step
 
     class Clock(L.Callback):
         def on_train_batch_start(self, *_: Any) -> None:
@@ -131,6 +136,8 @@ def child(args: list[str], rss_every_step: bool, before: bool = False) -> None:
 
         def on_train_batch_end(self, *_: Any) -> None:
             times.append(time.perf_counter() - self.start)
+            hwm.append(torch.cuda.max_memory_allocated() / GB if torch.cuda.is_available() else
+                       resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GB)
             if rss_every_step:
                 pages = int(Path("/proc/self/statm").read_text().split()[1])
                 rss.append(pages * os.sysconf("SC_PAGE_SIZE") / GB)
@@ -144,7 +151,7 @@ def child(args: list[str], rss_every_step: bool, before: bool = False) -> None:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GB
     if torch.cuda.is_available():
         peak = torch.cuda.max_memory_allocated() / GB
-    print("RESULT " + json.dumps({"times": times, "rss": rss, "peak_gb": peak}), flush=True)
+    print("RESULT " + json.dumps({"times": times, "rss": rss, "peak_gb": peak, "hwm": hwm}), flush=True)
 
 
 def run_case(args: list[str], rss_every_step: bool = False, before: bool = False) -> dict[str, Any]:
@@ -186,6 +193,7 @@ def main(argv: list[str] | None = None) -> None:
     small, large = opts.batches
     rows: list[tuple[str, str, int, str, float, float]] = []
     peaks: dict[tuple[str, str, int, str], float] = {}
+    first_peaks: dict[tuple[str, str, int, str], float] = {}  # the smaller batch's peak over its first --steps
     step_ratio: list[float] = []
     trimmed_ratio: list[float] = []
     with tempfile.TemporaryDirectory(prefix="envace-memory-") as tmp:
@@ -196,11 +204,16 @@ def main(argv: list[str] | None = None) -> None:
                 times = {}
                 for batch, budget in budgets:
                     root = Path(tmp, f"{stage}-{task_set}-{batch}-{budget}")
-                    result = run_case(case_args(stage, task_set, batch, budget, opts.steps, root), before=budget == "0")
+                    steps = opts.steps * large // small if (batch, budget) == (small, "default") else opts.steps
+                    result = run_case(case_args(stage, task_set, batch, budget, steps, root), before=budget == "0")
                     shutil.rmtree(root, ignore_errors=True)  # its last.ckpt: 1.4 GB a case
-                    step = mean_step(result["times"])
+                    step = mean_step(result["times"][: opts.steps])
                     times[(batch, budget)] = step
                     peaks[(stage, task_set, batch, budget)] = result["peak_gb"]
+                    if steps > opts.steps:
+                        first_peaks[(stage, task_set, batch, budget)] = result["hwm"][opts.steps - 1]
+                        print(f"{stage} {task_set} batch {batch}: peak {result['hwm'][opts.steps - 1]:.2f} GB over "
+                              f"its first {opts.steps} steps, {result['peak_gb']:.2f} GB over {steps}", flush=True)
                     rows.append((stage, task_set, batch, LABELS[budget], result["peak_gb"],
                                  step))
                     print(f"{stage} {task_set} batch {batch} budget {budget}: peak {result['peak_gb']:.2f} GB, "
@@ -231,11 +244,13 @@ def main(argv: list[str] | None = None) -> None:
     ratios = [default[(s, t, large, "default")] / default[(s, t, small, "default")]
               for (s, t, b, _) in default if b == small and (s, t, large, "default") in default]
     ratio = max(ratios, default=float("nan"))
+    first = max((default[(s, t, large, "default")] / v for (s, t, _, _), v in first_peaks.items()
+                 if (s, t, large, "default") in default), default=float("nan"))
     steps = max(step_ratio, default=float("nan"))
     trimmed = max(trimmed_ratio, default=float("nan"))
     print(f"SUMMARY sft_peak_gb={sft:.2f} rl_peak_gb={rl:.2f} peak_ratio_batch16_over_batch4={ratio:.3f} "
           f"growth_gb_per_100_steps={growth:.3f} step_time_ratio={steps:.3f} "
-          f"step_time_ratio_over_trimmed_off={trimmed:.3f}")
+          f"step_time_ratio_over_trimmed_off={trimmed:.3f} peak_ratio_first_steps={first:.3f}")
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from envace.rewards.task_success import TaskSuccess
 from envace.rollout.collate import RolloutBatch, collate
 from envace.rollout.runner import RolloutConfig
 from envace.types import Role, Task
-from envace.update import DEFAULT_MICRO_BATCH_TOKENS, Groups, MicroBatch, micro_batches
+from envace.update import DEFAULT_MICRO_BATCH_TOKENS, Groups, MicroBatch, computed_tokens, micro_batches
 from envace.worlds.base import World
 from envace.worlds.rehearse import RehearseWorld
 
@@ -163,18 +163,20 @@ class SFTModule(PolicyModule):
     def _workload(self) -> Workload:
         """The token sizes of this run's peak, from the rows of the first training batch's tasks.
 
-        With a token budget, a micro-batch may fill it (or hold one row longer than it); without one, a step is one
-        micro-batch of every row. Validation generates ``data.eval_batch_size`` rows at once.
+        A micro-batch's tokens are those it computes (``envace.update.computed_tokens``: a shared prefix once, the
+        suffixes padded), taken as the whole budget where it fills less (a later step's may fill it); a row longer than
+        the budget gets a micro-batch of its own. Without a budget, a step is one micro-batch of every row.
+        Validation generates ``data.eval_batch_size`` rows at once.
         """
         datamodule = self.trainer.datamodule
         tasks = [t for t in (getattr(datamodule, "tasks", {}).get("train") or []) if t.reference]
         batch = self.sample_rollouts(tasks[: max(1, getattr(datamodule, "batch_size", 1))]) if tasks else None
         tokens = scored = 0
         if batch is not None:
-            lengths = batch.attention_mask.sum(-1)
-            for idx, _ in self._micro_batches(batch):
-                padded = len(idx) * int(lengths[idx].max())
-                fraction = float(batch.loss_mask[idx].sum()) / max(padded, 1)
+            lengths = batch.attention_mask.sum(-1).tolist()
+            for micro in self._micro_batches(batch):
+                padded = computed_tokens(micro, lengths)
+                fraction = float(batch.loss_mask[micro.rows].sum()) / max(padded, 1)
                 size = max(padded, self.micro_batch_tokens) if self.micro_batch_tokens else padded
                 tokens, scored = max(tokens, size), max(scored, int(size * fraction))
         rows = min(getattr(datamodule, "eval_batch_size", 0), self.rollout.generate_batch_size)

@@ -146,6 +146,14 @@ def part_cost(rows: list[int], prefix: int, lengths: list[int]) -> int:
     return prefix + len(rows) * (max(lengths[r] for r in rows) - prefix)
 
 
+def computed_tokens(micro: MicroBatch, lengths: list[int]) -> int:
+    """Tokens a micro-batch computes and holds: its groups' ``part_cost``, or its rows padded to the longest."""
+    rows = micro.rows.tolist()
+    if micro.groups is None:
+        return len(rows) * max(lengths[r] for r in rows)
+    return sum(part_cost([rows[m] for m in members], prefix, lengths) for members, prefix in micro.groups)
+
+
 def pack_groups(groups: Groups, lengths: list[int], max_rows: int, max_tokens: int) -> list[Groups]:
     """Chunks of prefix groups under a row cap and a budget of computed tokens, groups split where they must be.
 

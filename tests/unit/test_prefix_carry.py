@@ -21,7 +21,7 @@ from envace.policy import TinyPolicy
 from envace.policy.checkpointing import checkpoint_layers
 from envace.rollout.collate import RolloutBatch
 from envace.types import Role
-from envace.update import micro_batches, pack_groups, prefix_carry
+from envace.update import MicroBatch, computed_tokens, micro_batches, pack_groups, prefix_carry
 
 RTOL, ATOL = 1e-5, 1e-7
 
@@ -130,6 +130,15 @@ def test_pack_groups_splits_a_group_that_overflows_and_keeps_its_prefix() -> Non
     # a row longer than the budget goes alone; the row cap closes a chunk too
     assert pack_groups([([0, 1, 2], 0)], [50, 4, 3], 8, 10) == [[([0], 0)], [([1, 2], 0)]]
     assert pack_groups([([0, 1, 2], 2)], [5, 5, 5], 2, 0) == [[([0, 1], 2)], [([2], 2)]]
+
+
+def test_computed_tokens_counts_a_shared_prefix_once_and_pads_the_suffixes() -> None:
+    lengths = [10, 9, 12, 5, 7]
+    # rows 2 and 0 share 6 tokens (6 + 2 x (12 - 6) = 18), rows 3 and 4 are plain (2 x 7 = 14): 32
+    micro = MicroBatch(torch.tensor([2, 0, 3, 4]), [([0, 1], 6), ([2, 3], 0)])
+    assert computed_tokens(micro, lengths) == 32
+    # without planned groups, every row is padded to the longest: 3 x 12
+    assert computed_tokens(MicroBatch(torch.tensor([1, 2, 3])), lengths) == 36
 
 
 def test_micro_batches_plan_one_prefix_per_group_and_the_carry_counts_its_readers() -> None:
