@@ -118,7 +118,6 @@ def child(args: list[str], rss_every_step: bool, before: bool = False) -> None:
     time is measured without it.
     """
     import lightning as L
-    import torch
 
     import envace.base_module
     from envace.cli import EnvaceCLI, cli_main
@@ -136,8 +135,7 @@ def child(args: list[str], rss_every_step: bool, before: bool = False) -> None:
 
         def on_train_batch_end(self, *_: Any) -> None:
             times.append(time.perf_counter() - self.start)
-            hwm.append(torch.cuda.max_memory_allocated() / GB if torch.cuda.is_available() else
-                       resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GB)
+            hwm.append(peak_gb())
             if rss_every_step:
                 pages = int(Path("/proc/self/statm").read_text().split()[1])
                 rss.append(pages * os.sysconf("SC_PAGE_SIZE") / GB)
@@ -148,10 +146,16 @@ def child(args: list[str], rss_every_step: bool, before: bool = False) -> None:
 
     sys.argv = ["envace"]
     cli_main(args, cli_class=ClockCLI)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GB
+    print("RESULT " + json.dumps({"times": times, "rss": rss, "peak_gb": peak_gb(), "hwm": hwm}), flush=True)
+
+
+def peak_gb() -> float:
+    """This process's peak so far: resident memory on CPU, allocated memory on CUDA."""
+    import torch
+
     if torch.cuda.is_available():
-        peak = torch.cuda.max_memory_allocated() / GB
-    print("RESULT " + json.dumps({"times": times, "rss": rss, "peak_gb": peak, "hwm": hwm}), flush=True)
+        return torch.cuda.max_memory_allocated() / GB
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GB
 
 
 def run_case(args: list[str], rss_every_step: bool = False, before: bool = False) -> dict[str, Any]:

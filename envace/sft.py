@@ -175,9 +175,9 @@ class SFTModule(PolicyModule):
         if batch is not None:
             lengths = batch.attention_mask.sum(-1).tolist()
             for micro in self._micro_batches(batch):
-                padded = computed_tokens(micro, lengths)
-                fraction = float(batch.loss_mask[micro.rows].sum()) / max(padded, 1)
-                size = max(padded, self.micro_batch_tokens) if self.micro_batch_tokens else padded
+                computed = computed_tokens(micro, lengths)
+                fraction = float(batch.loss_mask[micro.rows].sum()) / max(computed, 1)
+                size = max(computed, self.micro_batch_tokens) if self.micro_batch_tokens else computed
                 tokens, scored = max(tokens, size), max(scored, int(size * fraction))
         rows = min(getattr(datamodule, "eval_batch_size", 0), self.rollout.generate_batch_size)
         return Workload(tokens, scored, rows if self.evaluator is not None else 0, self.rollout.max_context_tokens,

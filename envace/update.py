@@ -149,9 +149,8 @@ def part_cost(rows: list[int], prefix: int, lengths: list[int]) -> int:
 def computed_tokens(micro: MicroBatch, lengths: list[int]) -> int:
     """Tokens a micro-batch computes and holds: its groups' ``part_cost``, or its rows padded to the longest."""
     rows = micro.rows.tolist()
-    if micro.groups is None:
-        return len(rows) * max(lengths[r] for r in rows)
-    return sum(part_cost([rows[m] for m in members], prefix, lengths) for members, prefix in micro.groups)
+    groups = micro.groups if micro.groups is not None else [(list(range(len(rows))), 0)]
+    return sum(part_cost([rows[m] for m in members], prefix, lengths) for members, prefix in groups)
 
 
 def pack_groups(groups: Groups, lengths: list[int], max_rows: int, max_tokens: int) -> list[Groups]:
