@@ -15,7 +15,7 @@ runs, and its peak over those steps is reported beside (``peak_ratio_first_steps
   statement (about 600 tokens each), the shape of a user's world with verbose tools;
 - ``budget=off`` is the path before the token budget (``micro_batch_tokens=0``, no activation checkpointing, no freed
   memory returned to the system): today's step time, measured in the same run as the default's, on the same machine;
-  ``off+trim`` is the same with freed memory returned after every micro-batch and step, as the code now does;
+  ``off+trim`` is the same with freed memory returned as the code now does (``envace.memory.FreedMemory``);
 - growth: one SFT run of ``--growth-steps`` steps (bank, batch 4, a validation every quarter of the run and
   ``export_best`` host copies included), its resident memory read after every step; the growth is the last reading
   minus the first reading after the first validation (which builds what a run holds once: the best weights' host
@@ -119,11 +119,11 @@ def child(args: list[str], rss_every_step: bool, before: bool = False) -> None:
     """
     import lightning as L
 
-    import envace.base_module
+    import envace.memory
     from envace.cli import EnvaceCLI, cli_main
 
-    if before:
-        envace.base_module.return_freed_memory = lambda: False
+    if before:  # every trim the training modules ask for (FreedMemory) goes through this function
+        envace.memory.return_freed_memory = lambda: False
 
     times: list[float] = []
     rss: list[float] = []

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Literal
 
 import lightning as L
 import torch
@@ -17,7 +17,7 @@ from envace.data.datamodule import RolloutDataModule
 from envace.evaluation import PolicyEvaluator
 from envace.export import save_policy
 from envace.logprobs import PrefixCarry
-from envace.memory import GIB, Workload, available_memory, check_fits, estimate, return_freed_memory
+from envace.memory import GIB, FreedMemory, Workload, available_memory, check_fits, estimate
 from envace.rollout.collate import RolloutBatch
 from envace.types import Task
 from envace.update import MicroBatch, prefix_carry
@@ -40,6 +40,8 @@ class PolicyModule(L.LightningModule):
     best: tuple[float, dict[str, Tensor]] | None = None
     evaluator: PolicyEvaluator | None  # set by subclasses (an nn.Module: no class-level default, it would shadow it)
     memory_limit_gb: float | None = None
+    freed_memory: FreedMemory | None = None
+    """When freed host memory goes back to the system (CPU; created on first use)."""
 
     def configure_export(self, export_dir: str | None, export_best: str | None) -> None:
         """Where to export the policy at the end of ``fit``, and which weights.
@@ -93,7 +95,7 @@ class PolicyModule(L.LightningModule):
         if scheduler is not None:
             scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        self.return_freed_memory()
+        self.return_freed_memory("step")
 
     def prefix_carry(self, batch: RolloutBatch, plan: list[MicroBatch]) -> PrefixCarry | None:
         """A ``PrefixCarry`` for a step's micro-batches (``envace.update.prefix_carry``), or None.
@@ -115,14 +117,22 @@ class PolicyModule(L.LightningModule):
         term = carry.term() if carry is not None else None
         return loss if term is None else loss + term
 
-    def return_freed_memory(self) -> None:
-        """On CPU, give freed host memory back to the system (``envace.memory.return_freed_memory``).
+    def return_freed_memory(self, when: Literal["between_steps", "micro_batch", "step"] = "between_steps") -> None:
+        """On CPU, give freed host memory back to the system (``envace.memory.FreedMemory``).
 
-        Called after every micro-batch's backward and every optimiser step: without it, freed activation blocks of
-        rows of other lengths fragment the allocator's heap, and the peak grows with the number of micro-batches.
+        ``between_steps`` (after a step's rollouts or a validation): always. ``micro_batch`` (after a micro-batch's
+        backward) and ``step`` (after an optimiser step): only when the allocator holds more than the micro-batches
+        need, since freed activation blocks of rows of other lengths fragment its heap and the peak would grow with
+        the number of micro-batches, while returning memory costs the page faults of taking it back.
         """
-        if self.device.type == "cpu":
-            return_freed_memory()
+        if self.device.type != "cpu":
+            return
+        if self.freed_memory is None:
+            self.freed_memory = FreedMemory()
+        if when == "between_steps":
+            self.freed_memory.release()
+        else:
+            self.freed_memory.check(step_end=when == "step")
 
     def _evaluate(self, tasks: list[Task], prefix: str) -> None:
         """Evaluate one batch of tasks and log under ``prefix/`` (subclasses implement)."""

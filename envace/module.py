@@ -627,7 +627,7 @@ class EnvACEModule(PolicyModule):
             with self._role_adapter(micro):
                 loss, micro_stats = self._micro_loss(micro, w, groups, carry)
                 self.manual_backward(self.with_carry(loss, carry))
-            self.return_freed_memory()
+            self.return_freed_memory("micro_batch")
             stats.append(micro_stats)
         if carry is not None:
             carry.check_done()

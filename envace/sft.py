@@ -256,7 +256,7 @@ class SFTModule(PolicyModule):
                 self.manual_backward(self.with_carry(
                     self.act_weight * part["act"] + self.rehearse_weight * part["rehearse"], carry))
                 part = {k: v.detach() for k, v in part.items()}
-                self.return_freed_memory()
+                self.return_freed_memory("micro_batch")
             heads = {k: heads[k] + v if k in heads else v for k, v in part.items()}
         if carry is not None:
             carry.check_done()

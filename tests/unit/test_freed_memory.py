@@ -1,0 +1,67 @@
+"""When a CPU run gives freed host memory back to the system (``envace.memory.FreedMemory``), on scripted readings."""
+
+from __future__ import annotations
+
+import pytest
+
+import envace.memory
+from envace.memory import FreedMemory
+
+GB = 10**9
+
+
+@pytest.fixture
+def scripted(monkeypatch: pytest.MonkeyPatch) -> tuple[list[int], list[str]]:
+    """Resident-memory readings to hand out, and a log of the trims."""
+    readings: list[int] = []
+    trims: list[str] = []
+    monkeypatch.setattr(envace.memory, "_rss", lambda: readings.pop(0))
+    monkeypatch.setattr(envace.memory, "return_freed_memory", lambda: trims.append("trim") is None)
+    return readings, trims
+
+
+def test_the_first_step_trims_every_micro_batch_then_only_above_the_measured_working_set(scripted) -> None:
+    readings, trims = scripted
+    freed = FreedMemory(slack=0.1)
+    assert freed.check() and freed.check()  # no floor yet: nothing read, both trim
+    readings += [2 * GB]  # the first optimiser step trims and takes the floor
+    assert freed.check(step_end=True) and len(trims) == 3 and freed.floor == 2 * GB
+    # a micro-batch on the trimmed heap leaves 2.0 GB over the floor: the working set; 2.0 <= 1.1 x 2.0 keeps it
+    readings += [4 * GB]
+    assert not freed.check() and freed.working == 2 * GB
+    readings += [int(4.2 * GB)]  # 2.2 GB over: at the ceiling, kept (not on a fresh heap, so not measured)
+    assert not freed.check() and freed.working == 2 * GB
+    readings += [int(4.3 * GB)]  # 2.3 GB > 2.2 GB: fragmented blocks go back
+    assert freed.check() and len(trims) == 4
+    readings += [int(3.9 * GB)]  # fresh again: 1.9 GB measured; the working set stays the largest, 2.0 GB
+    assert not freed.check() and freed.working == 2 * GB and len(trims) == 4
+    readings += [int(4.1 * GB)]  # an optimiser step under the ceiling keeps the heap and the floor
+    assert not freed.check(step_end=True) and freed.floor == 2 * GB and len(trims) == 4
+    readings += [int(4.5 * GB), int(2.1 * GB)]  # one over it trims and takes the new floor
+    assert freed.check(step_end=True) and freed.floor == int(2.1 * GB) and len(trims) == 5
+    readings += [int(4.5 * GB)]  # the next micro-batch runs on a trimmed heap: 2.4 GB is the new working set
+    assert not freed.check() and freed.working == int(4.5 * GB) - int(2.1 * GB)
+
+
+def test_a_release_always_trims_and_takes_the_floor(scripted) -> None:
+    readings, trims = scripted
+    freed = FreedMemory()
+    readings += [3 * GB, int(2.5 * GB)]
+    assert freed.release() and freed.floor == 3 * GB
+    assert freed.release() and freed.floor == int(2.5 * GB) and len(trims) == 2 and freed.trims == 2
+
+
+def test_without_slack_a_larger_micro_batch_on_a_trimmed_heap_raises_the_working_set(scripted) -> None:
+    readings, trims = scripted
+    freed = FreedMemory(slack=0.0)
+    readings += [GB, 3 * GB]
+    freed.release()
+    assert not freed.check() and freed.working == 2 * GB
+    readings += [int(3.5 * GB), int(4.5 * GB)]  # 2.5 GB over a 2.0 GB ceiling: trimmed; then 3.5 GB on a fresh heap
+    assert freed.check() and not freed.check()
+    assert freed.working == int(3.5 * GB) and len(trims) == 2
+
+
+def test_a_negative_slack_is_refused() -> None:
+    with pytest.raises(ValueError, match="slack must be >= 0"):
+        FreedMemory(slack=-0.1)
