@@ -20,10 +20,13 @@
 
 - **Parity with the official runners** (``envace.benchmarks.parity``): gold answers and perturbations of every kind
   the official loops treat specially (wrong values, missing, extra and reordered calls, over-long turns, excluded and
-  held-back functions, off-format output, plain-text endings, step and error limits), on a sample of entries of every
-  BFCL category envace scores and of every tau^2 domain in solo and user mode, each scored by envace's harness and by
-  the official code (bfcl-eval's ``evaluate_task`` on envace's episodes written as result files; tau^2's
-  ``run_task``, its agent and user answering from the same script). Every disagreement is listed.
+  held-back functions, off-format output, plain-text endings, step and error limits), plus generated ones
+  (``envace.benchmarks.parity_families``: spaced names and keys, numbers out of range, unusual escapes, steps split
+  elsewhere, empty messages), on a sample of entries of every BFCL category envace scores and of every tau^2 domain
+  in solo and user mode. Both sides start from the same raw generations: envace's rollout with a scripted engine;
+  bfcl-eval's own inference loop (``QwenFCHandler``, only its model query scripted) then its ``evaluate_task``, and
+  tau^2's ``run_task`` with only litellm's ``completion`` scripted. Every disagreement is listed, and every case in
+  which the official code itself crashes, with the verdict envace reports.
 
 Run from the repository root: ``.venv/bin/python benchmarks/harness_check.py [--bfcl-limit N] [--tau2-split base]
 [--no-parity]`` (``--bfcl-limit`` applies to multi-turn and single-turn categories alike). It prints a table per check;
@@ -141,6 +144,9 @@ def parity_lines() -> tuple[list[str], int, int]:
     misses = [f"- {v.describe()}" for v in every if not v.agree]
     if misses:
         lines += ["", "Disagreements:", *misses]
+    crashes = [f"- {v.describe()}" for v in every if v.official_crash]
+    if crashes:
+        lines += ["", "The official code crashes (envace's verdict is its checkers' verdict):", *crashes]
     return lines, sum(v.agree for v in every), len(every)
 
 

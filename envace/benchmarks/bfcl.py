@@ -5,16 +5,16 @@ vehicle, messages, posting, tickets, math). envace never ``eval``s model output:
 
 - ``parse_calls`` reads BFCL's Python-call syntax (``[f(a=1), g('x')]``) with ``ast``: every call must be a plain
   function name with literal arguments, anything else is refused (``UnsafeCallError``);
-- ``BFCLEnvironment`` holds one fresh instance of each involved class per rollout and calls the method by name
-  (``getattr`` on a public method of an involved class), serialising results as BFCL does;
+- ``BFCLEnvironment`` holds one fresh instance of each involved class per rollout; a decoded call runs as BFCL's
+  executor runs its text (``envace.benchmarks.bfcl_exec``: the same observation, read with ``ast``, never
+  ``eval``-ed), a ground-truth call by method name, and results are serialised as BFCL does;
 - converted tasks (``to_task``) name ``BFCLToolbox`` as their environment, so envace's ``RealWorld`` runs them;
 - policies run under BFCL's own inference loop (``envace.benchmarks.bfcl_loop``: bfcl-eval's decoder for the
   ``<tool_call>`` format, every decoded call executed, the force-quit after a turn's 21st step), and each episode is
   scored as the pinned ``eval_runner`` scores it: ``multi_turn:force_terminated`` when it answered fewer turns than
   the entry has, otherwise BFCL's ``multi_turn_checker`` (state check and response check per turn). That checker
-  ``eval``s call strings, so it only ever gets strings rebuilt from parsed calls with identifier names and keys and
-  ``repr`` literals (``canonical_call``, ``bfcl_loop.checker_call``); its module-level instance cache is cleared
-  after every check.
+  ``eval``s call strings, so it only ever gets text that is a call of literal arguments (``canonical_call``,
+  ``bfcl_loop.checker_call``); its module-level instance cache is cleared after every check.
 
 The package is an optional dependency (installed by ``scripts/setup_env.sh``); ``require_bfcl`` names it when it is
 missing. Importing ``bfcl_eval``'s configuration writes folders under ``BFCL_PROJECT_ROOT``, which is pointed at a
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import functools
 import importlib
 import inspect
 import json
@@ -232,41 +233,46 @@ def canonical_call(call: PyCall) -> str:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def _serialise(value: Any) -> str:
-    """BFCL's serialisation of a result: strings as they are, dicts as JSON (``str`` if not JSON), else ``str``."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, dict):
-        try:
-            return json.dumps(value)
-        except (TypeError, ValueError):
-            return str(value)
-    return str(value)
-
-
 class BFCLEnvironment:
-    """Fresh instances of an entry's classes, loaded with its initial configuration; calls run by method name."""
+    """Fresh instances of an entry's classes, loaded with its initial configuration.
+
+    ``execute_decoded`` runs a decoded call as BFCL's executor runs its text (``envace.benchmarks.bfcl_exec``);
+    ``execute`` runs a parsed ground-truth call by method name.
+
+    Attributes:
+        instances: BFCL's instance name (``bfcl_exec.instance_name``) -> instance.
+        methods: public method name -> bound method (a later class's method wins, as in BFCL's executor).
+        method_instances: public method name -> instance name.
+    """
 
     def __init__(self, entry: BFCLEntry) -> None:
         require_bfcl()
         from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPING, STATELESS_CLASSES
 
+        from envace.benchmarks.bfcl_exec import instance_name
+
         self.instances: dict[str, Any] = {}
         self.methods: dict[str, Any] = {}
+        self.method_instances: dict[str, str] = {}
         for name in entry.involved_classes:
             cls = getattr(importlib.import_module(CLASS_FILE_PATH_MAPPING[name]), name)
             instance = cls()
             if name not in STATELESS_CLASSES:
                 config = copy.deepcopy(entry.raw["initial_config"].get(name, {}))
                 instance._load_scenario(config, long_context=entry.long_context)
-            self.instances[name] = instance
+            key = instance_name(entry.id, name)
+            self.instances[key] = instance
             for method_name, method in inspect.getmembers(instance, predicate=inspect.ismethod):
                 if not method_name.startswith("_"):
                     self.methods[method_name] = method
+                    self.method_instances[method_name] = key
 
     def execute(self, call: PyCall) -> str:
-        """Run one call; an unknown or refused function, or a raising tool, gives BFCL's ``Error during execution``."""
-        from envace.benchmarks.bfcl_loop import FORBIDDEN_NAMES
+        """Run one parsed call by method name.
+
+        A refused or unknown name, or a raising tool, gives BFCL's ``Error during execution``.
+        """
+        from envace.benchmarks.bfcl_exec import FORBIDDEN_NAMES, serialise
 
         if call.name in FORBIDDEN_NAMES:  # refused by name before anything runs, as BFCL's executor does
             return f"Error during execution: Function call {call.name} is not allowed."
@@ -275,9 +281,23 @@ class BFCLEnvironment:
             return f"Error during execution: name '{call.name}' is not defined"
         args, kwargs = copy.deepcopy((call.args, dict(call.kwargs)))  # the environment may keep (and mutate) them
         try:
-            return _serialise(method(*args, **kwargs))
+            return serialise(method(*args, **kwargs))
         except Exception as exc:  # noqa: BLE001 - a tool error is an observation, as in BFCL
             return f"Error during execution: {exc}"
+
+    def execute_decoded(self, name: str, arguments: dict[str, Any]) -> str:
+        """Run one decoded call as BFCL's executor runs its text (``bfcl_exec.run_text``).
+
+        Text that would do more than call with literal arguments under ``eval`` is not run: it is answered as a
+        call of an undefined name (``bfcl_exec.REFUSED``).
+        """
+        from envace.benchmarks.bfcl_exec import Refused, official_text, refused_observation, run_text
+
+        text = official_text(name, copy.deepcopy(arguments))
+        try:
+            return run_text(text, self.instances, self.method_instances)
+        except Refused as exc:
+            return refused_observation(exc)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -449,10 +469,30 @@ def episode_calls(entry: BFCLEntry, episode: Any) -> list[list[list[str]]]:
     """
     from envace.benchmarks.bfcl_loop import checker_call, turns_reached
 
+    methods, instances = _call_names(tuple(entry.involved_classes))
     turns: list[list[list[str]]] = [[] for _ in range(min(turns_reached(episode), len(entry.ground_truth)))]
     for turn, calls in episode.call_steps:
-        turns[turn].append([checker_call(c) for c in calls])
+        turns[turn].append([checker_call(c, methods, instances) for c in calls])
     return turns
+
+
+@functools.cache
+def _call_names(classes: tuple[str, ...]) -> tuple[dict[str, str], dict[str, None]]:
+    """``(method -> instance name, instance names)`` of the classes, as BFCL's executor maps them.
+
+    Any entry id will do: the shape of a call text does not depend on the entry id in the instance names.
+    """
+    from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPING
+
+    from envace.benchmarks.bfcl_exec import instance_name
+
+    methods: dict[str, str] = {}
+    for name in classes:
+        key = instance_name("envace_check", name)
+        instance = getattr(importlib.import_module(CLASS_FILE_PATH_MAPPING[name]), name)()
+        methods.update({m: key for m, _ in inspect.getmembers(instance, predicate=inspect.ismethod)
+                        if not m.startswith("_")})
+    return methods, {key: None for key in set(methods.values())}
 
 
 def evaluate_multi_turn(entries: list[BFCLEntry], engine: Any, tokenizer: Any, rollout: Any | None = None,
@@ -460,15 +500,16 @@ def evaluate_multi_turn(entries: list[BFCLEntry], engine: Any, tokenizer: Any, r
     """Run a policy on ``entries`` under BFCL's inference loop and score each episode as BFCL's runner does.
 
     Returns ``{"accuracy": f, "valid": {id: bool}, "errors": {id: BFCL's error type of each failed entry},
-    "results": [official result-file lines], "episodes": [...]}``. ``engine`` generates the act role (greedy unless
-    ``rollout`` says otherwise). The loop is BFCL's (``bfcl_loop.BFCLRules``): bfcl-eval's decoder for envace's
-    ``<tool_call>`` format, every decoded call executed (no schema or name check), and the force-quit of a turn after
-    its 21st step. ``rollout``'s own budgets (turns, calls, context) still apply; an episode they end before its
-    last turn is force-terminated for BFCL. ``rehearsal`` (``envace.private_rehearsal.PrivateRehearsal``) makes the
-    policy rehearse privately before its committed turns, with ``selector`` choosing what it commits; the real
-    environment sees committed calls only.
+    "results": [official result-file lines], "episodes": [...], "unwritable": [ids of failed entries whose calls
+    hold a lone surrogate: bfcl-eval's runner crashes writing their scores; envace reports its checker's
+    verdict]}``. ``engine`` generates the act role (greedy unless ``rollout`` says otherwise). The loop is BFCL's
+    (``bfcl_loop.BFCLRules``): bfcl-eval's decoder for envace's ``<tool_call>`` format, every decoded call executed
+    (no schema or name check), and the force-quit of a turn after its 21st step. ``rollout``'s own budgets (turns,
+    calls, context) still apply; an episode they end before its last turn is force-terminated for BFCL.
+    ``rehearsal`` (``envace.private_rehearsal.PrivateRehearsal``) makes the policy rehearse privately before its
+    committed turns, with ``selector`` choosing what it commits; the real environment sees committed calls only.
     """
-    from envace.benchmarks.bfcl_loop import BFCLRules, result_entry
+    from envace.benchmarks.bfcl_loop import BFCLRules, result_entry, unwritable, warn_unwritable
     from envace.rollout.rehearsing import make_runner
     from envace.rollout.runner import RolloutConfig
     from envace.worlds import RealWorld
@@ -484,8 +525,12 @@ def evaluate_multi_turn(entries: list[BFCLEntry], engine: Any, tokenizer: Any, r
     verdicts = {e.id: score_episode(e, ep) for e, ep in zip(entries, episodes)}
     valid = {i: bool(v["valid"]) for i, v in verdicts.items()}
     errors = {i: str(v.get("error_type", "")) for i, v in verdicts.items() if not v["valid"]}
+    unwritten = [e.id for e, ep in zip(entries, episodes) if not valid[e.id]
+                 and unwritable([[c.name, c.arguments] for _, calls in ep.call_steps for c in calls])]
+    warn_unwritable(unwritten)
     return {"accuracy": sum(valid.values()) / len(valid) if valid else 0.0, "valid": valid, "errors": errors,
-            "results": [result_entry(e.id, ep) for e, ep in zip(entries, episodes)], "episodes": episodes}
+            "results": [result_entry(e.id, ep) for e, ep in zip(entries, episodes)], "episodes": episodes,
+            "unwritable": unwritten}
 
 
 class GoldPolicy(ScriptedPolicy):
@@ -560,9 +605,13 @@ class BFCLToolbox:
         """Every public method of the entry's classes."""
         return list(self.env.methods)
 
+    accepts_any_name = True
+    """Every name reaches ``call_tool``: BFCL's executor runs whatever name the decoder read (a name with spaces
+    around it runs as the bare name; an unknown one is its ``name '...' is not defined`` error)."""
+
     def call_tool(self, name: str, arguments: dict[str, Any]) -> str:
-        """Run one call with JSON arguments; BFCL's serialisation of the result."""
-        return self.env.execute(PyCall(name, (), tuple(arguments.items())))
+        """Run one decoded call as BFCL's executor does (``BFCLEnvironment.execute_decoded``)."""
+        return self.env.execute_decoded(name, arguments)
 
 
 def reference_messages(entry: BFCLEntry) -> list[dict[str, Any]]:

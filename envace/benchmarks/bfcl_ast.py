@@ -347,23 +347,30 @@ def evaluate_single_turn(entries: list[ASTEntry], engine: Any, tokenizer: Any, m
 
     Returns:
         ``{"accuracy": f, "valid": {id: bool}, "outputs": {id: text}, "errors": {id: BFCL's error type of each
-        failed entry}, "categories": {category: accuracy}, "counts": {category: n}}`` (accuracy over all entries; 0.0
-        for none). An output BFCL's checker raises on is a failed entry with error type ``ast_checker:exception``.
+        failed entry}, "categories": {category: accuracy}, "counts": {category: n}, "unwritable": [ids of failed
+        entries whose calls hold a lone surrogate: bfcl-eval crashes writing their scores; envace reports its
+        checker's verdict]}`` (accuracy over all entries; 0.0 for none). An output BFCL's checker raises on is a
+        failed entry with error type ``ast_checker:exception``.
     """
+    from envace.benchmarks.bfcl_loop import unwritable, warn_unwritable
     from envace.rollout.engine import SamplingParams
 
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
     outputs = generate_outputs(entries, engine, tokenizer, params, batch_size)
-    verdicts = {e.id: check_entry(e, decode_calls(outputs[e.id])) for e in entries}
+    decoded = {e.id: decode_calls(outputs[e.id]) for e in entries}
+    verdicts = {e.id: check_entry(e, decoded[e.id]) for e in entries}
     valid = {i: bool(v["valid"]) for i, v in verdicts.items()}
     errors = {i: v.get("error_type", "") for i, v in verdicts.items() if not v["valid"]}
+    unwritten = [i for i in valid if not valid[i] and unwritable(decoded[i])]
+    warn_unwritable(unwritten)
     counts: dict[str, int] = {}
     passed: dict[str, int] = {}
     for entry in entries:
         counts[entry.category] = counts.get(entry.category, 0) + 1
         passed[entry.category] = passed.get(entry.category, 0) + valid[entry.id]
     return {"accuracy": sum(valid.values()) / len(valid) if valid else 0.0, "valid": valid, "outputs": outputs,
-            "errors": errors, "categories": {c: passed[c] / n for c, n in counts.items()}, "counts": counts}
+            "errors": errors, "categories": {c: passed[c] / n for c, n in counts.items()}, "counts": counts,
+            "unwritable": unwritten}
 
 
 # ---------------------------------------------------------------------------------------------------------------------

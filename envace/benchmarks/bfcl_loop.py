@@ -6,7 +6,8 @@ outputs with the model family's decoder (``eval_runner._evaluate_single_multi_tu
 mirrors is bfcl-eval's ``QwenFCHandler`` (Qwen2.5 / Qwen3 function calling), read here line by line:
 
 - blocks are found with the regex ``<tool_call>\\n(.*?)\\n</tool_call>`` (a block without those newlines is not a
-  block); a block whose body is not JSON is skipped, the others are kept;
+  block); a block whose body Python's ``json.loads`` cannot read is skipped, the others are kept (``NaN``,
+  ``Infinity`` and numbers out of float range are read, as ``inf`` and ``nan``);
 - every kept block must hold a JSON object with ``name`` and ``arguments`` (a JSON list inside one block, a missing
   key, or arguments that are not an object or a JSON string of one make the whole step undecodable);
 - the text after the last ``</think>`` is the response (the reasoning before it is dropped).
@@ -17,19 +18,21 @@ execution error); a turn whose 21st step has run is force-quit, and the entry en
 ``multi_turn:force_terminated`` unless that turn was the last one. ``result_entry`` writes an episode in the official
 result-file format, so bfcl-eval's own runner can score envace's runs.
 
-Safety: BFCL's checker ``eval``s call strings; ``checker_call`` builds them only from identifier names and keys and
-``repr`` literals (a name or key that is not an identifier, which BFCL would ``eval`` as written, becomes a call to
-an undefined function: the same "Error during execution" verdict, without running model text).
+Execution and safety: BFCL runs a decoded call as Python text (``name(key=repr(value), ...)``, ``eval``-ed), so a
+name or key with spaces around it runs as the bare name and ``inf``/``nan`` are undefined names.
+``envace.benchmarks.bfcl_exec`` gives the same observation without ``eval``, and ``checker_call`` hands BFCL's
+``eval``-based checker only text that is a call of literal arguments (anything else becomes a call to an undefined
+function: envace never runs model text).
 """
 
 from __future__ import annotations
 
 import json
-import keyword
+import logging
 import re
 from typing import Any
 
-from envace.roles.parsing import ParsedTurn, loads_json
+from envace.roles.parsing import ParsedTurn
 from envace.rollout.rules import LoopRules, awaiting_tools, current_turn_steps
 from envace.types import Episode, ToolCall
 
@@ -39,11 +42,8 @@ MAXIMUM_STEP_LIMIT = 20
 FORCE_TERMINATED = "multi_turn:force_terminated"
 """The runner's error type for an entry whose inference was force-quit before its last turn."""
 
-FORBIDDEN_NAMES = ("kill", "exit", "quit", "remove", "unlink", "popen", "Popen", "run")
-"""Function names BFCL's executor refuses (``execute_multi_turn_func_call``)."""
-
 UNDEFINED_CALL = "envace_undefined_function()"
-"""What a call whose name or keys are not identifiers becomes for BFCL's checker (an undefined name)."""
+"""What call text envace does not let run becomes for BFCL's checker (an undefined name: ``bfcl_exec.Refused``)."""
 
 _BLOCK = re.compile(r"<tool_call>\n(.*?)\n</tool_call>", re.DOTALL)
 _THINK_CLOSE = "</think>"
@@ -62,21 +62,27 @@ def split_response(text: str) -> tuple[str, str]:
 
 
 def tool_call_objects(response: str) -> list[Any]:
-    """The decoded JSON of every block (``_extract_tool_calls``): undecodable bodies are skipped."""
+    """The decoded JSON of every block (``_extract_tool_calls``): bodies ``json.loads`` cannot read are skipped.
+
+    Python's ``json.loads``, as BFCL's: ``NaN``, ``Infinity``, out-of-range numbers (``inf``) and lone surrogate
+    escapes are read; what raises (malformed text, an integer of more digits than Python converts, nesting past the
+    recursion limit) is skipped.
+    """
     found = []
     for body in _BLOCK.findall(response):
         try:
-            found.append(loads_json(body))
-        except ValueError:
+            found.append(json.loads(body))
+        except Exception:  # noqa: BLE001,S112 - BFCL's own rule: ``except Exception: pass``
             continue
     return found
 
 
 def _call_name(item: dict[str, Any]) -> str:
+    """The call's name as BFCL's call text writes it (``f"{name}(...)"``: ``str`` of a JSON scalar)."""
     name = item["name"]
     if isinstance(name, list | dict):  # unhashable: BFCL's dict construction raises
         raise DecodeError(f"a tool call name must be a JSON scalar, got {json.dumps(name)}")
-    return name if isinstance(name, str) else json.dumps(name)
+    return str(name)
 
 
 def decode_execute(response: str) -> list[ToolCall]:
@@ -95,8 +101,8 @@ def decode_execute(response: str) -> list[ToolCall]:
         arguments = item["arguments"]
         if isinstance(arguments, str):
             try:
-                arguments = loads_json(arguments)
-            except ValueError as exc:
+                arguments = json.loads(arguments)
+            except Exception as exc:  # noqa: BLE001 - anything json.loads raises fails the step, as in BFCL
                 raise DecodeError(f"arguments string is not JSON: {exc}") from exc
         if not isinstance(arguments, dict):
             raise DecodeError("a tool call's arguments are not a JSON object")
@@ -151,15 +157,15 @@ class BFCLRules(LoopRules):
         return FORCE_TERMINATED if current_turn_steps(episode) > MAXIMUM_STEP_LIMIT else ""
 
 
-def _identifier(text: str) -> bool:
-    return text.isidentifier() and not keyword.iskeyword(text)
+def checker_call(call: ToolCall, methods: dict[str, str], instances: dict[str, Any]) -> str:
+    """The call text BFCL's checker ``eval``s (``bfcl_exec.official_text``).
 
+    Only a call of literal arguments (``bfcl_exec.checker_text``) goes as written; text envace does not let run
+    becomes ``UNDEFINED_CALL``.
+    """
+    from envace.benchmarks.bfcl_exec import checker_text, official_text
 
-def checker_call(call: ToolCall) -> str:
-    """The call string BFCL's checker ``eval``s: ``name(key=repr(value), ...)``, built only from safe parts."""
-    if not _identifier(call.name) or not all(_identifier(str(k)) for k in call.arguments):
-        return UNDEFINED_CALL
-    return f"{call.name}({','.join(f'{k}={v!r}' for k, v in call.arguments.items())})"
+    return checker_text(official_text(call.name, call.arguments), methods, instances) or UNDEFINED_CALL
 
 
 def turns_reached(episode: Episode) -> int:
@@ -177,3 +183,33 @@ def result_entry(entry_id: str, episode: Episode) -> dict[str, Any]:
     for turn, text in episode.act_outputs:
         result[turn].append(split_response(text)[1])
     return {"id": entry_id, "result": result}
+
+
+def unwritable(value: Any) -> bool:
+    """A string in ``value`` (or a key) that UTF-8 cannot encode: a lone surrogate, from a ``\\udXXX`` JSON escape.
+
+    bfcl-eval writes its score file as UTF-8 with ``ensure_ascii=False``, so it crashes on a failed entry whose
+    record holds one (``warn_unwritable``).
+    """
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+    if isinstance(value, dict):
+        return any(unwritable(k) or unwritable(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(unwritable(v) for v in value)
+    return False
+
+
+def warn_unwritable(entry_ids: list[str]) -> None:
+    """Warn that bfcl-eval's runner could not write the scores of these failed entries (see ``unwritable``)."""
+    if entry_ids:
+        logging.getLogger(__name__).warning(
+            "BFCL: %d failed entries hold a lone surrogate (a \\udXXX escape) in their calls (%s); bfcl-eval's "
+            "runner crashes writing a score record that holds one (single-turn records hold the decoded calls); "
+            "envace reports its checker's verdict (invalid)",
+            len(entry_ids), ", ".join(entry_ids[:5]))
+

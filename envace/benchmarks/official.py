@@ -18,6 +18,7 @@ from ``sys.modules`` afterwards, so a later ``import openai`` fails as it would 
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -183,6 +184,76 @@ def _fresh_instances() -> Iterator[None]:
             del namespace[name]
 
 
+class ScriptExhausted(RuntimeError):
+    """A script ran out: the case is malformed (not an episode the official runner would score)."""
+
+
+class _ScriptedQuery:
+    """Stands in for ``OSSHandler._query_prompting``, the one call to a model in BFCL's inference loop.
+
+    Answers each query with the script's next raw generation, as the Completions API returns it
+    (``choices[0].text``), with zero tokens and latency.
+    """
+
+    def __init__(self, outputs: list[str]) -> None:
+        self.outputs = list(outputs)
+        self.used = 0
+        self.exhausted = False
+
+    def __call__(self, inference_data: dict[str, Any]) -> tuple[Any, float]:
+        if self.used >= len(self.outputs):
+            self.exhausted = True
+            raise ScriptExhausted(f"the BFCL model script ran out after {self.used} generations")
+        text = self.outputs[self.used]
+        self.used += 1
+        choice = types.SimpleNamespace(text=text, finish_reason="stop")
+        usage = types.SimpleNamespace(prompt_tokens=0, completion_tokens=0)
+        return types.SimpleNamespace(choices=[choice], usage=usage), 0.0
+
+
+@cache
+def _bfcl_entries(category: str) -> dict[str, dict[str, Any]]:
+    """bfcl-eval's own test entries of ``category`` (``utils.load_dataset_entry``, as its generation loads them)."""
+    bfcl_runner()
+    with official_imports(), contextlib.redirect_stdout(io.StringIO()):
+        utils = importlib.import_module("bfcl_eval.utils")
+        return {entry["id"]: entry for entry in utils.load_dataset_entry(category)}
+
+
+@cache
+def _bfcl_generation() -> types.ModuleType:
+    """bfcl-eval's ``_llm_response_generation`` (its ``multi_threaded_inference`` runs one entry)."""
+    bfcl_runner()
+    with official_imports(), contextlib.redirect_stdout(io.StringIO()):
+        return importlib.import_module("bfcl_eval._llm_response_generation")
+
+
+def bfcl_official_result(category: str, entry_id: str, outputs: list[str]) -> dict[str, Any]:
+    """One entry through bfcl-eval's own inference loop, the model answering from ``outputs`` (raw generations).
+
+    ``multi_threaded_inference`` with ``QwenFCHandler`` (``BFCL_HANDLER``): its decoder reads each raw generation,
+    its loop executes the decoded calls on BFCL's own API instances, ends turns and force-quits as shipped; only
+    ``_query_prompting`` (the Completions request to a served model) is scripted. An inference that raises is
+    recorded as the runner records it (``"Error during inference: ..."``).
+
+    Returns:
+        The result-file entry the runner would write: ``{"id", "result", ...metadata}``.
+
+    Raises:
+        ScriptExhausted: the loop asked for more generations than ``outputs`` holds.
+    """
+    entry = copy.deepcopy(_bfcl_entries(category)[entry_id])
+    handler = bfcl_runner().get_handler(BFCL_HANDLER)
+    query = _ScriptedQuery(outputs)
+    handler._query_prompting = query  # the instance attribute shadows the method: the one model call
+    generation = _bfcl_generation()
+    with _fresh_instances(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        result = generation.multi_threaded_inference(handler, entry, include_input_log=False, exclude_state_log=True)
+    if query.exhausted:
+        raise ScriptExhausted(f"bfcl_official_result: {entry_id}: the script ran out after {query.used} generations")
+    return result
+
+
 def bfcl_official_verdicts(category: str, results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """bfcl-eval's verdict on each result-file entry of one category.
 
@@ -191,8 +262,12 @@ def bfcl_official_verdicts(category: str, results: list[dict[str, Any]]) -> dict
         results: result-file entries, ``{"id", "result"}``, at most one per id.
 
     Returns:
-        Per entry id, ``{"valid": bool, "error_type": str}`` (``error_type`` empty for a valid entry), read from the
-        score file ``evaluate_task`` writes.
+        Per entry id, ``{"valid": bool, "error_type": str, "crash": str}`` (``error_type`` empty for a valid entry),
+        read from the score file ``evaluate_task`` writes. ``crash`` is empty unless the runner crashed writing that
+        file: it writes UTF-8 with ``ensure_ascii=False``, so a lone surrogate (from a ``\\udXXX`` escape in the
+        model's JSON) in a failure record raises ``UnicodeEncodeError``. The verdicts are then those its checkers
+        computed, read back from the same evaluation with the score file written ASCII-escaped, and ``crash`` says
+        why the official runner itself reports none.
 
     Raises:
         ValueError: an id appears twice, or the score file does not account for every entry.
@@ -200,6 +275,36 @@ def bfcl_official_verdicts(category: str, results: list[dict[str, Any]]) -> dict
     ids = [r["id"] for r in results]
     if len(set(ids)) != len(ids):
         raise ValueError(f"bfcl_official_verdicts: duplicate ids in the results for {category}")
+    try:
+        return _verdicts(category, results, ids, ascii_scores=False)
+    except UnicodeEncodeError as exc:
+        crash = f"bfcl-eval cannot write its score file ({exc.reason}: {exc.object[exc.start:exc.end]!a})"
+        verdicts = _verdicts(category, results, ids, ascii_scores=True)
+        return {entry_id: {**verdict, "crash": crash} for entry_id, verdict in verdicts.items()}
+
+
+@contextlib.contextmanager
+def _ascii_score_file(enabled: bool) -> Iterator[None]:
+    """While inside (``enabled``), ``evaluate_task`` writes its score file with ``ensure_ascii=True``."""
+    helper = importlib.import_module("bfcl_eval.eval_checker.eval_runner_helper")
+    serializable = importlib.import_module("bfcl_eval.utils").make_json_serializable
+    original = helper.write_list_of_dicts_to_file
+
+    def ascii_write(filename: str, data: list[dict[str, Any]], subdir: str | None = None, **kwargs: Any) -> None:
+        path = Path(subdir, Path(filename).name) if subdir else Path(filename)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(serializable(e)) + "\n" for e in data), encoding="ascii")
+
+    if enabled:
+        helper.write_list_of_dicts_to_file = ascii_write
+    try:
+        yield
+    finally:
+        helper.write_list_of_dicts_to_file = original
+
+
+def _verdicts(category: str, results: list[dict[str, Any]], ids: list[str],
+              ascii_scores: bool) -> dict[str, dict[str, Any]]:
     runner = bfcl_runner()
     with tempfile.TemporaryDirectory(prefix="envace-bfcl-official-") as tmp:
         result_file = Path(tmp) / "result" / BFCL_MODEL_DIR / f"BFCL_v4_{category}_result.json"
@@ -207,121 +312,18 @@ def bfcl_official_verdicts(category: str, results: list[dict[str, Any]]) -> dict
         result_file.write_text("".join(json.dumps(r) + "\n" for r in results), encoding="utf-8")
         model_result = runner.load_file(result_file, sort_by_id=True)  # as ``runner`` reads a result file
         score_dir = Path(tmp) / "score"
-        with _fresh_instances(), contextlib.redirect_stdout(io.StringIO()):
+        with _fresh_instances(), _ascii_score_file(ascii_scores), contextlib.redirect_stdout(io.StringIO()):
             runner.evaluate_task(category, result_file.parent.parent, score_dir, model_result, BFCL_MODEL_DIR,
                                  runner.get_handler(BFCL_HANDLER), {}, allow_missing=True)
         (score_file,) = score_dir.rglob(f"*_{category}_score.json")
         lines = [json.loads(line) for line in score_file.read_text(encoding="utf-8").splitlines() if line.strip()]
     header, failures = lines[0], lines[1:]
-    verdicts = {entry_id: {"valid": True, "error_type": ""} for entry_id in ids}
+    verdicts = {entry_id: {"valid": True, "error_type": "", "crash": ""} for entry_id in ids}
     for failure in failures:
         error = failure.get("error")
         error_type = failure.get("error_type") or (error.get("error_type", "") if isinstance(error, dict) else "")
-        verdicts[failure["id"]] = {"valid": False, "error_type": error_type}
+        verdicts[failure["id"]] = {"valid": False, "error_type": error_type, "crash": ""}
     if header["total_count"] != len(ids) or header["correct_count"] != len(ids) - len(failures):
         raise ValueError(f"bfcl_official_verdicts: the score file for {category} counts {header} for {len(ids)} "
                          f"entries with {len(failures)} failures")
     return verdicts
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# tau^2
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-AGENT_MODEL = "envace-script/agent"
-USER_MODEL = "envace-script/user"
-"""The model names ``run_task`` is given; ``_ScriptedModels`` answers each from its script."""
-
-
-class ScriptExhausted(RuntimeError):
-    """A script ran out: the case is malformed (not an episode the official runner would score)."""
-
-
-class _ScriptedModels:
-    """Stands in for ``tau2.utils.llm_utils.generate``, the one call to a model in the agents and the user simulator.
-
-    Answers ``AGENT_MODEL`` and ``USER_MODEL`` requests with the scripts' next messages.
-    """
-
-    def __init__(self, agent: list[dict[str, Any]], user: list[dict[str, Any]]) -> None:
-        self.scripts = {AGENT_MODEL: list(agent), USER_MODEL: list(user)}
-        self.used = {AGENT_MODEL: 0, USER_MODEL: 0}
-
-    def __call__(self, model: str, messages: list[Any], tools: list[Any] | None = None,
-                 tool_choice: str | None = None, **kwargs: Any) -> Any:
-        script, used = self.scripts[model], self.used[model]
-        if used >= len(script):
-            raise ScriptExhausted(f"tau2_official_run: the {model} script ran out after {used} messages")
-        self.used[model] = used + 1
-        return _assistant_message(script[used], f"{model}-{used}")
-
-
-def _assistant_message(item: dict[str, Any], tag: str) -> Any:
-    """A script item as ``generate`` returns a model's answer, with zero cost and usage.
-
-    Items are ``{"calls": [{"name", "arguments"}]}`` or ``{"text": str}``.
-    """
-    message = tau2_official().message
-    calls = [message.ToolCall(id=f"{tag}-{i}", name=c["name"], arguments=c["arguments"])
-             for i, c in enumerate(item.get("calls") or [])] or None
-    return message.AssistantMessage(role="assistant", content=None if calls else item["text"], tool_calls=calls,
-                                    cost=0.0, usage={"completion_tokens": 0, "prompt_tokens": 0})
-
-
-@contextlib.contextmanager
-def _models(scripted: _ScriptedModels) -> Iterator[None]:
-    """``generate`` in tau^2's agent and user-simulator modules answers from the scripts while inside."""
-    official = tau2_official()
-    modules = (official.llm_agent, official.user_simulator)
-    saved = [module.generate for module in modules]
-    for module in modules:
-        module.generate = scripted
-    try:
-        yield
-    finally:
-        for module, original in zip(modules, saved, strict=True):
-            module.generate = original
-
-
-def tau2_official_run(task: Any, domain: str, solo: bool, agent_script: list[dict[str, Any]],
-                      user_script: list[dict[str, Any]] | None = None, max_steps: int = tau2.MAX_STEPS,
-                      max_errors: int = tau2.MAX_ERRORS) -> tuple[float, str]:
-    """One scripted episode through ``tau2.run.run_task``: the Orchestrator, then ``evaluate_simulation``.
-
-    ``llm_agent_solo`` with ``dummy_user`` in solo mode, ``llm_agent`` with ``user_simulator`` in user mode, each
-    model answering from its script; ``EvaluationType.ALL``, as ``run_task`` defaults.
-
-    A run that raises is scored as ``run_tasks`` scores a failed sample (``skip_failed_samples``): reward 0,
-    ``agent_error``; tau^2's ``LLMSoloAgent`` raises on a message without tool calls.
-
-    Args:
-        task: a tau^2 ``Task``.
-        domain: its domain.
-        solo: solo mode or user mode.
-        agent_script: the agent's messages, ``{"calls": [{"name", "arguments"}]}`` or ``{"text": str}``.
-        user_script: user mode: the user's messages, ``{"text": str}``.
-        max_steps: the Orchestrator's ``max_steps``.
-        max_errors: the Orchestrator's ``max_errors``.
-
-    Returns:
-        ``(reward, termination reason)`` as tau^2 records them.
-
-    Raises:
-        ScriptExhausted: a script ran out before the run ended.
-    """
-    official = tau2_official()
-    scripted = _ScriptedModels(agent_script, user_script or [])
-    try:
-        with _models(scripted):
-            simulation = official.run.run_task(
-                domain=domain, task=task, agent="llm_agent_solo" if solo else "llm_agent",
-                user="dummy_user" if solo else "user_simulator", llm_agent=AGENT_MODEL,
-                llm_user=None if solo else USER_MODEL, max_steps=max_steps, max_errors=max_errors,
-                evaluation_type=official.evaluator.EvaluationType.ALL)
-    except ScriptExhausted:
-        raise
-    except Exception:  # noqa: BLE001 - run_tasks(skip_failed_samples=True) scores any failed run this way
-        return 0.0, official.simulation.TerminationReason.AGENT_ERROR.value
-    reason = simulation.termination_reason
-    return float(simulation.reward_info.reward), str(getattr(reason, "value", reason))

@@ -17,17 +17,22 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Iterator
+import random
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from envace.benchmarks import bfcl, bfcl_ast, tau2
+from envace.benchmarks import parity_families as families
 from envace.benchmarks.bfcl_loop import split_response
+from envace.benchmarks.parity_families import Draw
 
 MULTI_TURN_PER_CATEGORY = 2
 SINGLE_TURN_PER_CATEGORY = 2
 TAU2_SOLO_TASKS = 4
 TAU2_USER_TASKS = 2
+GENERATED_PER_FAMILY = 2
+"""Drawn perturbations per family, entry and benchmark case list (``generated_cases``)."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,8 @@ class Verdict:
     envace_detail: str = ""
     official_detail: str = ""
     notes: list[str] = field(default_factory=list)
+    official_crash: str = ""
+    """Why the official runner itself reports no verdict (its verdict is then the one its checkers computed)."""
 
     @property
     def agree(self) -> bool:
@@ -77,8 +84,9 @@ class Verdict:
 
     def describe(self) -> str:
         """``<case>: envace <verdict> (<detail>), official <verdict> (<detail>)``."""
+        crash = f"; the official runner crashes: {self.official_crash}" if self.official_crash else ""
         return (f"{self.case.name}: envace {self.envace} ({self.envace_detail}), official {self.official} "
-                f"({self.official_detail})")
+                f"({self.official_detail}){crash}")
 
 
 def block(name: Any, arguments: Any) -> str:
@@ -196,6 +204,40 @@ def multi_turn_cases(per_category: int = MULTI_TURN_PER_CATEGORY) -> list[Case]:
     return out
 
 
+def generated_multi_turn_scripts(entry: bfcl.BFCLEntry, draw: Draw, count: int) -> dict[str, tuple[str, ...]]:
+    """``count`` drawn perturbations per family of the entry's first turn with calls (``gen_<family>_<n>``).
+
+    Every turn is then closed as in ``multi_turn_scripts``, and the script padded with closing messages.
+    """
+    gold = _gold_turns(entry)
+    first = _first_with_calls(gold)
+    if first is None:
+        return {}
+    base: list[Turn] = [[blocks(turn)] if turn else [] for turn in gold]
+    scripts = {}
+    for family in families.FAMILIES:
+        for n in range(count):
+            turns = copy.deepcopy(base)
+            turns[first] = families.perturb(family, gold[first], draw)
+            scripts[f"gen_{family}_{n}"] = _close(turns) + ("Done.",) * len(gold)
+    return scripts
+
+
+def generated_multi_turn_cases(per_category: int = MULTI_TURN_PER_CATEGORY,
+                               count: int = GENERATED_PER_FAMILY) -> list[Case]:
+    """Generated cases (``parity_families``) on the first ``per_category`` entries of every multi-turn category.
+
+    They are drawn from a generator seeded by the entry id: the same cases on every run.
+    """
+    out = []
+    for category in bfcl.MULTI_TURN:
+        for entry in bfcl.load_multi_turn(category, limit=per_category):
+            draw = seeded_draw(entry.id)
+            out += [Case("bfcl_multi_turn", category, entry.id, kind, script)
+                    for kind, script in generated_multi_turn_scripts(entry, draw, count).items()]
+    return out
+
+
 def _envace_multi_turn(case: Case, tokenizer: Any) -> tuple[bool, str, dict[str, Any]]:
     from envace.benchmarks.scripted import ScriptedPolicy
 
@@ -241,6 +283,27 @@ def single_turn_cases(per_category: int = SINGLE_TURN_PER_CATEGORY) -> list[Case
             for category in bfcl_ast.SINGLE_TURN
             for entry in bfcl_ast.load_single_turn(category, limit=per_category)
             for kind, text in single_turn_scripts(entry).items()]
+
+
+def generated_single_turn_scripts(entry: bfcl_ast.ASTEntry, draw: Draw, count: int) -> dict[str, str]:
+    """``count`` drawn perturbations per family of the entry's gold calls, each one output (the steps joined).
+
+    Irrelevance and relevance entries perturb a call of their first function.
+    """
+    if entry.category in bfcl_ast.IRRELEVANCE or entry.category in bfcl_ast.RELEVANCE:
+        pairs = [(entry.functions[0]["name"], {})]
+    else:
+        pairs = [(n, a) for call in bfcl_ast.gold_calls(entry) for n, a in call.items()]
+    return {f"gen_{family}_{n}": "\n".join(families.perturb(family, pairs, draw))
+            for family in families.FAMILIES for n in range(count)}
+
+
+def generated_single_turn_cases(per_category: int = 1, count: int = 1) -> list[Case]:
+    """Generated cases on the first ``per_category`` entries of every single-turn category (seeded by entry id)."""
+    return [Case("bfcl_single_turn", category, entry.id, kind, (text,))
+            for category in bfcl_ast.SINGLE_TURN
+            for entry in bfcl_ast.load_single_turn(category, limit=per_category)
+            for kind, text in generated_single_turn_scripts(entry, seeded_draw(entry.id), count).items()]
 
 
 def _envace_single_turn(case: Case, tokenizer: Any) -> tuple[bool, str, dict[str, Any]]:
@@ -310,16 +373,74 @@ def user_scripts(task: Any) -> dict[str, tuple[tuple[str, ...], tuple[str, ...],
 def tau2_cases(solo_tasks: int = TAU2_SOLO_TASKS, user_tasks: int = TAU2_USER_TASKS) -> list[Case]:
     """Solo cases on telecom's first base tasks with gold actions; user-mode cases on every domain's first ones."""
     out = []
-    solo = [t for t in tau2.load_tasks("telecom", "base") if getattr(t, "ticket", None) and _actions(t)]
-    for task in solo[:solo_tasks]:
+    for task in _solo_tasks()[:solo_tasks]:
         out += [Case("tau2", "telecom/solo", str(task.id), kind, outputs, limits=limits)
                 for kind, (outputs, limits) in solo_scripts(task).items()]
     for domain in tau2.DOMAINS:
-        tasks = [t for t in tau2.load_tasks(domain, "base") if _actions(t, "assistant") and not _needs_judge(t)]
-        for task in tasks[:user_tasks]:
+        for task in _user_tasks(domain)[:user_tasks]:
             out += [Case("tau2", f"{domain}/user", str(task.id), kind, outputs, user=user, limits=limits)
                     for kind, (outputs, user, limits) in user_scripts(task).items()]
     return out
+
+
+def generated_solo_scripts(task: Any, draw: Draw, count: int,
+                           kinds: Sequence[str] = families.FAMILIES) -> dict[str, tuple[str, ...]]:
+    """Drawn perturbations per family of one gold message of a solo script (the others as in ``gold``)."""
+    actions = _actions(task)
+    scripts = {}
+    for family in kinds:
+        for n in range(count):
+            at = draw(range(len(actions)))
+            messages = [block(name, args) for name, args in actions]
+            messages[at:at + 1] = families.perturb(family, [actions[at]], draw)
+            scripts[f"gen_{family}_{n}"] = (*messages, block("done", {}), block("done", {}))
+    return scripts
+
+
+def generated_user_scripts(task: Any, draw: Draw, count: int, kinds: Sequence[str] = families.FAMILIES,
+                           ) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
+    """Drawn perturbations per family of one gold message of a user-mode script: ``{kind: (agent, user)}``."""
+    actions = _actions(task, "assistant")
+    acts = tuple(block(n, a) for n, a in _actions(task, "user"))
+    said = " ".join(task.evaluation_criteria.communicate_info or []) or "Done."
+    scripts = {}
+    for family in kinds:
+        for n in range(count):
+            at = draw(range(len(actions)))
+            messages = [block(name, args) for name, args in actions]
+            messages[at:at + 1] = families.perturb(family, [actions[at]], draw)
+            user = ("Hello, I need help with my request.", *acts, STOP, STOP, STOP)
+            scripts[f"gen_{family}_{n}"] = ((*messages, said, "Done.", "Done."), user)
+    return scripts
+
+
+def generated_tau2_cases(solo_tasks: int = TAU2_SOLO_TASKS, user_tasks: int = TAU2_USER_TASKS,
+                         count: int = GENERATED_PER_FAMILY) -> list[Case]:
+    """Generated cases on the tasks of ``tau2_cases`` (seeded by domain and task id)."""
+    out = []
+    for task in _solo_tasks()[:solo_tasks]:
+        out += [Case("tau2", "telecom/solo", str(task.id), kind, outputs)
+                for kind, outputs in generated_solo_scripts(task, seeded_draw(f"solo/{task.id}"), count).items()]
+    for domain in tau2.DOMAINS:
+        for task in _user_tasks(domain)[:user_tasks]:
+            draw = seeded_draw(f"{domain}/{task.id}")
+            out += [Case("tau2", f"{domain}/user", str(task.id), kind, outputs, user=user)
+                    for kind, (outputs, user) in generated_user_scripts(task, draw, count).items()]
+    return out
+
+
+def _solo_tasks() -> list[Any]:
+    return [t for t in tau2.load_tasks("telecom", "base") if getattr(t, "ticket", None) and _actions(t)]
+
+
+def _user_tasks(domain: str) -> list[Any]:
+    return [t for t in tau2.load_tasks(domain, "base") if _actions(t, "assistant") and not _needs_judge(t)]
+
+
+def seeded_draw(seed: str) -> Draw:
+    """A ``Draw`` from ``random.Random(seed)``: the same choices on every run."""
+    rng = random.Random(seed)
+    return lambda options: rng.choice(list(options))
 
 
 def _needs_judge(task: Any) -> bool:
@@ -327,16 +448,6 @@ def _needs_judge(task: Any) -> bool:
 
     criteria = task.evaluation_criteria
     return criteria is not None and RewardType.NL_ASSERTION in set(criteria.reward_basis)
-
-
-def _item(text: str, solo: bool) -> dict[str, Any]:
-    """An act output as the official replay's script item (tool calls read by envace's parser)."""
-    from envace.roles.parsing import parse_act_output
-    from envace.types import ToolCall
-
-    turn = parse_act_output(text)
-    calls = [{"name": c.name, "arguments": c.arguments} for c in turn.calls if isinstance(c, ToolCall)]
-    return {"calls": calls} if calls else {"text": turn.content}
 
 
 def _envace_tau2(case: Case, tokenizer: Any) -> tuple[float, str]:
@@ -354,15 +465,13 @@ def _envace_tau2(case: Case, tokenizer: Any) -> tuple[float, str]:
 
 
 def _official_tau2(case: Case) -> tuple[float, str]:
-    from envace.benchmarks.official import tau2_official_run
+    from envace.benchmarks.official_tau2 import tau2_official_run
 
     domain, mode = case.category.split("/")
     (task,) = tau2.load_tasks(domain, "base", ids=[case.entry_id])
-    solo = mode == "solo"
-    agent = [_item(text, solo) for text in case.outputs]
-    user = [_item(line, solo) for line in case.user] if not solo else None
     max_steps, max_errors = case.limits
-    return tau2_official_run(task, domain, solo, agent, user, max_steps=max_steps, max_errors=max_errors)
+    return tau2_official_run(task, domain, mode == "solo", list(case.outputs), list(case.user),
+                             max_steps=max_steps, max_errors=max_errors)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -371,22 +480,29 @@ def _official_tau2(case: Case) -> tuple[float, str]:
 
 
 def cases() -> list[Case]:
-    """Every case: BFCL multi-turn and single-turn, tau^2 solo and user mode."""
-    return multi_turn_cases() + single_turn_cases() + tau2_cases()
+    """Every case: BFCL multi-turn and single-turn, tau^2 solo and user mode, written and generated."""
+    return multi_turn_cases() + single_turn_cases() + tau2_cases() + generated_cases()
+
+
+def generated_cases() -> list[Case]:
+    """The generated perturbations (``parity_families``) of every benchmark."""
+    return generated_multi_turn_cases() + generated_single_turn_cases() + generated_tau2_cases()
 
 
 def run_case(case: Case, tokenizer: Any) -> Verdict:
     """Both verdicts on one case (``tokenizer`` renders the scripted policy's prompts)."""
-    from envace.benchmarks.official import bfcl_official_verdicts
+    from envace.benchmarks.official import bfcl_official_result, bfcl_official_verdicts
 
     if case.benchmark == "tau2":
         reward, ending = _envace_tau2(case, tokenizer)
         official_reward, official_ending = _official_tau2(case)
         return Verdict(case, reward, official_reward, ending, official_ending)
     run = _envace_multi_turn if case.benchmark == "bfcl_multi_turn" else _envace_single_turn
-    valid, error, result = run(case, tokenizer)
+    valid, error, _ = run(case, tokenizer)
+    result = bfcl_official_result(case.category, case.entry_id, list(case.outputs))
     official = bfcl_official_verdicts(case.category, [result])[case.entry_id]
-    return Verdict(case, float(valid), float(official["valid"]), error, official.get("error_type", ""))
+    return Verdict(case, float(valid), float(official["valid"]), error, official.get("error_type", ""),
+                   official_crash=official.get("crash", ""))
 
 
 def run_cases(selected: list[Case], tokenizer: Any) -> Iterator[Verdict]:

@@ -350,15 +350,46 @@ def episode_trajectory(episode: Any, handle: dict[str, Any]) -> list[Any]:
     return handle["trajectory"] + [AssistantMessage(role="assistant", content=text) for text in said or [""]]
 
 
+def read_agent_message(text: str) -> tuple[str, list[Any] | None]:
+    """An act output as tau^2 receives it: ``(content, calls)``; calls None where tau^2 raises on the message.
+
+    A served model's message (``envace.benchmarks.hermes.hermes_message``: vLLM's ``hermes`` parser), then tau^2's
+    ``generate``: each call's arguments are ``json.loads``-ed and must be an object (its ``ToolCall`` refuses
+    anything else, and the run fails). Content is "" where the parser gave none.
+    """
+    from envace.benchmarks.hermes import hermes_message
+    from envace.types import ToolCall
+
+    content, found = hermes_message(text)
+    calls = []
+    for name, arguments in found:
+        value = json.loads(arguments)
+        if not isinstance(value, dict):
+            return content or "", None
+        calls.append(ToolCall(name, value))
+    return content or "", calls
+
+
+def agent_error(text: str, solo: bool) -> bool:
+    """tau^2 fails the run on this agent message (reward 0, ``agent_error``).
+
+    Arguments that are not an object; in solo mode a message without calls (``LLMSoloAgent`` raises; ``###STOP###``
+    in text included); in user mode a message with neither calls nor text (``AssistantMessage.validate``: an empty
+    or whitespace-only generation, also after ``generate``'s retries, which a greedy model answers the same way).
+    """
+    content, calls = read_agent_message(text)
+    if calls is None:
+        return True
+    return not calls and (solo or not content.strip())
+
+
 def calls_done(text: str) -> bool:
     """The act output calls tau^2's ``done`` tool.
 
     That is the only way a solo agent stops: ``LLMSoloAgent`` raises on a message without tool calls, ``###STOP###``
     in plain text included, and ``run_tasks`` scores that run 0.
     """
-    from envace.roles.parsing import parse_act_output
-
-    return _has_done(parse_act_output(text).calls)
+    return _has_done(read_agent_message(text)[1] or [])
 
 
 def _has_done(calls: list[Any]) -> bool:
@@ -389,16 +420,31 @@ class Tau2Rules(LoopRules):
         self.max_steps, self.max_errors = max_steps, max_errors
 
     def parse(self, text: str) -> Any:
-        """The envace parser; in solo mode a turn calling ``done`` becomes the stop message."""
-        turn = super().parse(text)
-        if self.solo and _has_done(turn.calls):
-            turn.content, turn.calls, turn.malformed = STOP_TOKEN, [], False
-        return turn
+        """The message tau^2 receives (``read_agent_message``); in solo mode a turn calling ``done`` is the stop.
+
+        Arguments tau^2 refuses leave the turn without calls (``malformed``); ``stop_reason`` then ends the episode.
+        """
+        from envace.roles.parsing import ParsedTurn
+
+        content, calls = read_agent_message(text)
+        if calls is None:
+            return ParsedTurn(content=text.strip(), calls=[], malformed=True)
+        if self.solo and _has_done(calls):
+            return ParsedTurn(content=STOP_TOKEN)
+        return ParsedTurn(content=content.strip(), calls=list(calls))
 
     def stop_reason(self, episode: Any) -> str:
-        """``too_many_errors`` or ``max_steps`` when the Orchestrator would end the conversation here."""
+        """Where the Orchestrator would end the conversation here, or "".
+
+        ``agent_error`` right after an agent message tau^2 fails the run on (``agent_error``; before any limit,
+        since the run raises inside its step), else ``too_many_errors`` or ``max_steps``.
+        """
         if awaiting_tools(episode):
             return ""
+        last = episode.messages[-1] if episode.messages else {}
+        if last.get("role") == "assistant" and episode.act_outputs and agent_error(episode.act_outputs[-1][1],
+                                                                                    self.solo):
+            return "agent_error"
         return limit_reason(episode, self.world.opened[episode.act.episode_index], self.solo, self.max_steps,
                             self.max_errors)
 

@@ -113,7 +113,8 @@ class RealEnvironment:
     """One live instance of an environment class, executing tool calls.
 
     Only the class's public methods (its tools) can be called, or, for a toolbox (``is_toolbox``), the names its
-    ``tool_names()`` lists; any other name is refused with an error observation.
+    ``tool_names()`` lists (every name, for one with ``accepts_any_name``); any other name is refused with an error
+    observation.
     A tool that raises produces a normal error observation ``{"error": "<ExcType>: <message>"}``. A tool that returns
     an error object instead (``{"error": ...}`` with a truthy value, ``envace.types.is_error_value``) is passed on as
     it is, and is an error too (``execute`` says so), as is a toolbox result text holding one. A toolbox's
@@ -189,7 +190,8 @@ class RealEnvironment:
         """
         if self.unusable is not None:
             raise EnvironmentUnusable(self.unusable)
-        if call.name not in self.tool_names:
+        if call.name not in self.tool_names and not (self.toolbox and getattr(self._instance, "accepts_any_name",
+                                                                                False)):
             available = ", ".join(self.tool_names)
             return _error_content(f"unknown tool '{call.name}'; available: {available}"), False
         self.calls_made += 1
@@ -272,7 +274,8 @@ def is_toolbox(instance: Any) -> bool:
 
     A toolbox defines ``tool_names() -> list[str]`` and ``call_tool(name, arguments) -> str`` (the response text):
     for tool sets known only per instance, such as a benchmark entry's classes or a remote tool server. Its task must
-    list its ``tools`` (they cannot be derived from the class).
+    list its ``tools`` (they cannot be derived from the class). A toolbox with ``accepts_any_name = True`` gets every
+    call, whatever its name (a benchmark whose own executor answers unknown names in its own words).
     """
     return callable(getattr(instance, "tool_names", None)) and callable(getattr(instance, "call_tool", None))
 

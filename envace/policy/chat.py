@@ -140,8 +140,23 @@ def turn_tail(
 
 
 def encode(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
-    """Token ids of ``text`` without BOS/EOS insertion (chat templates already write every special token)."""
-    return tokenizer.encode(text, add_special_tokens=False)
+    """Token ids of ``text`` without BOS/EOS insertion (chat templates already write every special token).
+
+    A lone surrogate (a tool that echoes a ``\\udXXX`` JSON escape back) has no UTF-8 form, and tokenizers refuse
+    it: it is written as its escape text (``\\udfff``), which is what the model's own JSON said.
+    """
+    return tokenizer.encode(encodable(text), add_special_tokens=False)
+
+
+def encodable(text: str) -> str:
+    """``text`` with every lone surrogate written as its backslash escape (the text unchanged otherwise)."""
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 def decode(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> str:

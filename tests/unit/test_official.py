@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("bfcl_eval")
 pytest.importorskip("tau2")
 
-from envace.benchmarks import official, parity, tau2  # noqa: E402
+from envace.benchmarks import official, official_tau2, parity, tau2  # noqa: E402
 
 
 def test_sdk_stand_ins_are_gone_after_the_official_code_imports() -> None:
@@ -48,15 +48,24 @@ def test_duplicate_ids_are_refused() -> None:
 def test_a_script_that_runs_out_is_an_error_not_a_verdict() -> None:
     task = tau2.load_tasks("telecom", "base")[0]
     actions = task.evaluation_criteria.actions
-    script = [{"calls": [{"name": actions[0].name, "arguments": dict(actions[0].arguments)}]}]
+    script = [parity.block(actions[0].name, dict(actions[0].arguments))]
     with pytest.raises(official.ScriptExhausted, match="ran out after 1 messages"):
-        official.tau2_official_run(task, "telecom", True, script)
+        official_tau2.tau2_official_run(task, "telecom", True, script)
 
 
 def test_a_solo_text_message_is_a_failed_run() -> None:
     """tau^2's ``LLMSoloAgent`` raises on a message without tool calls; ``run_tasks`` scores the failed run 0 with
     ``agent_error``, ``###STOP###`` in the text or not."""
     task = tau2.load_tasks("telecom", "base")[0]
-    assert official.tau2_official_run(task, "telecom", True, [{"text": "###STOP###"}]) == (0.0, "agent_error")
-    assert official.tau2_official_run(task, "telecom", True, [{"calls": [{"name": "done", "arguments": {}}]}]) == (
-        0.0, "agent_stop")
+    assert official_tau2.tau2_official_run(task, "telecom", True, ["###STOP###"]) == (0.0, "agent_error")
+    assert official_tau2.tau2_official_run(task, "telecom", True, [parity.block("done", {})]) == (0.0, "agent_stop")
+
+
+def test_the_bfcl_inference_loop_reads_the_raw_text_itself() -> None:
+    """The official side decodes the scripted generations with its own handler: a block without the newlines its
+    regex needs is plain text to it (the turn ends), whatever envace's decoder reads."""
+    compact = '<tool_call>{"name": "ls", "arguments": {}}</tool_call>'
+    result = official.bfcl_official_result("multi_turn_base", "multi_turn_base_0", [compact] + ["Done."] * 8)
+    assert result["result"][0] == [compact]  # one step: the generation ended the first turn
+    with pytest.raises(official.ScriptExhausted, match="ran out after 1 generations"):
+        official.bfcl_official_result("multi_turn_base", "multi_turn_base_0", [compact])
