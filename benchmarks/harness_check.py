@@ -21,12 +21,12 @@
 - **Parity with the official runners** (``envace.benchmarks.parity``): gold answers and perturbations of every kind
   the official loops treat specially (wrong values, missing, extra and reordered calls, over-long turns, excluded and
   held-back functions, off-format output, plain-text endings, step and error limits), plus generated ones
-  (``envace.benchmarks.parity_families``: spaced names and keys, numbers out of range, unusual escapes, steps split
-  elsewhere, empty messages), on a sample of entries of every BFCL category envace scores and of every tau^2 domain
-  in solo and user mode. Both sides start from the same raw generations: envace's rollout with a scripted engine;
-  bfcl-eval's own inference loop (``QwenFCHandler``, only its model query scripted) then its ``evaluate_task``, and
-  tau^2's ``run_task`` with only litellm's ``completion`` scripted. Every disagreement is listed, and every case in
-  which the official code itself crashes, with the verdict envace reports.
+  (``envace.benchmarks.parity_generated``, ``parity_families``: spaced names and keys, numbers out of range, unusual
+  escapes, steps split elsewhere, empty messages), on a sample of entries of every BFCL category envace scores and of
+  every tau^2 domain in solo and user mode. Both sides start from the same raw generations: envace's rollout with a
+  scripted engine; bfcl-eval's own inference loop (``QwenFCHandler``, only its model query scripted) then its
+  ``evaluate_task``, and tau^2's ``run_task`` with only litellm's ``completion`` scripted. Every disagreement is
+  listed, and every case in which the official code itself crashes, with the verdict envace reports.
 
 Run from the repository root: ``.venv/bin/python benchmarks/harness_check.py [--bfcl-limit N] [--tau2-split base]
 [--no-parity]`` (``--bfcl-limit`` applies to multi-turn and single-turn categories alike). It prints a table per check;
@@ -44,7 +44,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from envace.benchmarks import bfcl, bfcl_ast, parity, tau2  # noqa: E402
+from envace.benchmarks import bfcl, bfcl_ast, parity, parity_generated, tau2  # noqa: E402
 from envace.fidelity import score_response  # noqa: E402
 from envace.policy import TinyPolicy  # noqa: E402  (its tokenizer renders the gold policy's prompts)
 
@@ -128,7 +128,7 @@ def parity_lines() -> tuple[list[str], int, int]:
     _, tokenizer = TinyPolicy().build()
     groups: dict[tuple[str, str], list[parity.Verdict]] = {}
     seconds: dict[tuple[str, str], float] = {}
-    for case in parity.cases():
+    for case in parity_generated.all_cases():
         start = time.perf_counter()
         key = (case.benchmark, case.category)
         groups.setdefault(key, []).append(parity.run_case(case, tokenizer))

@@ -209,7 +209,7 @@ def warn_unwritable(entry_ids: list[str]) -> None:
     if entry_ids:
         logging.getLogger(__name__).warning(
             "BFCL: %d failed entries hold a lone surrogate (a \\udXXX escape) in their calls (%s); bfcl-eval's "
-            "runner crashes writing a score record that holds one (single-turn records hold the decoded calls); "
-            "envace reports its checker's verdict (invalid)",
+            "runner crashes writing a score record that holds one (the decoded calls of a single-turn entry; what "
+            "reached a multi-turn entry's results or state); envace reports its checker's verdict (invalid)",
             len(entry_ids), ", ".join(entry_ids[:5]))
 

@@ -17,22 +17,17 @@ from __future__ import annotations
 
 import copy
 import json
-import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from envace.benchmarks import bfcl, bfcl_ast, tau2
-from envace.benchmarks import parity_families as families
 from envace.benchmarks.bfcl_loop import split_response
-from envace.benchmarks.parity_families import Draw
 
 MULTI_TURN_PER_CATEGORY = 2
 SINGLE_TURN_PER_CATEGORY = 2
 TAU2_SOLO_TASKS = 4
 TAU2_USER_TASKS = 2
-GENERATED_PER_FAMILY = 2
-"""Drawn perturbations per family, entry and benchmark case list (``generated_cases``)."""
 
 
 @dataclass(frozen=True)
@@ -204,40 +199,6 @@ def multi_turn_cases(per_category: int = MULTI_TURN_PER_CATEGORY) -> list[Case]:
     return out
 
 
-def generated_multi_turn_scripts(entry: bfcl.BFCLEntry, draw: Draw, count: int) -> dict[str, tuple[str, ...]]:
-    """``count`` drawn perturbations per family of the entry's first turn with calls (``gen_<family>_<n>``).
-
-    Every turn is then closed as in ``multi_turn_scripts``, and the script padded with closing messages.
-    """
-    gold = _gold_turns(entry)
-    first = _first_with_calls(gold)
-    if first is None:
-        return {}
-    base: list[Turn] = [[blocks(turn)] if turn else [] for turn in gold]
-    scripts = {}
-    for family in families.FAMILIES:
-        for n in range(count):
-            turns = copy.deepcopy(base)
-            turns[first] = families.perturb(family, gold[first], draw)
-            scripts[f"gen_{family}_{n}"] = _close(turns) + ("Done.",) * len(gold)
-    return scripts
-
-
-def generated_multi_turn_cases(per_category: int = MULTI_TURN_PER_CATEGORY,
-                               count: int = GENERATED_PER_FAMILY) -> list[Case]:
-    """Generated cases (``parity_families``) on the first ``per_category`` entries of every multi-turn category.
-
-    They are drawn from a generator seeded by the entry id: the same cases on every run.
-    """
-    out = []
-    for category in bfcl.MULTI_TURN:
-        for entry in bfcl.load_multi_turn(category, limit=per_category):
-            draw = seeded_draw(entry.id)
-            out += [Case("bfcl_multi_turn", category, entry.id, kind, script)
-                    for kind, script in generated_multi_turn_scripts(entry, draw, count).items()]
-    return out
-
-
 def _envace_multi_turn(case: Case, tokenizer: Any) -> tuple[bool, str, dict[str, Any]]:
     from envace.benchmarks.scripted import ScriptedPolicy
 
@@ -283,27 +244,6 @@ def single_turn_cases(per_category: int = SINGLE_TURN_PER_CATEGORY) -> list[Case
             for category in bfcl_ast.SINGLE_TURN
             for entry in bfcl_ast.load_single_turn(category, limit=per_category)
             for kind, text in single_turn_scripts(entry).items()]
-
-
-def generated_single_turn_scripts(entry: bfcl_ast.ASTEntry, draw: Draw, count: int) -> dict[str, str]:
-    """``count`` drawn perturbations per family of the entry's gold calls, each one output (the steps joined).
-
-    Irrelevance and relevance entries perturb a call of their first function.
-    """
-    if entry.category in bfcl_ast.IRRELEVANCE or entry.category in bfcl_ast.RELEVANCE:
-        pairs = [(entry.functions[0]["name"], {})]
-    else:
-        pairs = [(n, a) for call in bfcl_ast.gold_calls(entry) for n, a in call.items()]
-    return {f"gen_{family}_{n}": "\n".join(families.perturb(family, pairs, draw))
-            for family in families.FAMILIES for n in range(count)}
-
-
-def generated_single_turn_cases(per_category: int = 1, count: int = 1) -> list[Case]:
-    """Generated cases on the first ``per_category`` entries of every single-turn category (seeded by entry id)."""
-    return [Case("bfcl_single_turn", category, entry.id, kind, (text,))
-            for category in bfcl_ast.SINGLE_TURN
-            for entry in bfcl_ast.load_single_turn(category, limit=per_category)
-            for kind, text in generated_single_turn_scripts(entry, seeded_draw(entry.id), count).items()]
 
 
 def _envace_single_turn(case: Case, tokenizer: Any) -> tuple[bool, str, dict[str, Any]]:
@@ -383,64 +323,12 @@ def tau2_cases(solo_tasks: int = TAU2_SOLO_TASKS, user_tasks: int = TAU2_USER_TA
     return out
 
 
-def generated_solo_scripts(task: Any, draw: Draw, count: int,
-                           kinds: Sequence[str] = families.FAMILIES) -> dict[str, tuple[str, ...]]:
-    """Drawn perturbations per family of one gold message of a solo script (the others as in ``gold``)."""
-    actions = _actions(task)
-    scripts = {}
-    for family in kinds:
-        for n in range(count):
-            at = draw(range(len(actions)))
-            messages = [block(name, args) for name, args in actions]
-            messages[at:at + 1] = families.perturb(family, [actions[at]], draw)
-            scripts[f"gen_{family}_{n}"] = (*messages, block("done", {}), block("done", {}))
-    return scripts
-
-
-def generated_user_scripts(task: Any, draw: Draw, count: int, kinds: Sequence[str] = families.FAMILIES,
-                           ) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
-    """Drawn perturbations per family of one gold message of a user-mode script: ``{kind: (agent, user)}``."""
-    actions = _actions(task, "assistant")
-    acts = tuple(block(n, a) for n, a in _actions(task, "user"))
-    said = " ".join(task.evaluation_criteria.communicate_info or []) or "Done."
-    scripts = {}
-    for family in kinds:
-        for n in range(count):
-            at = draw(range(len(actions)))
-            messages = [block(name, args) for name, args in actions]
-            messages[at:at + 1] = families.perturb(family, [actions[at]], draw)
-            user = ("Hello, I need help with my request.", *acts, STOP, STOP, STOP)
-            scripts[f"gen_{family}_{n}"] = ((*messages, said, "Done.", "Done."), user)
-    return scripts
-
-
-def generated_tau2_cases(solo_tasks: int = TAU2_SOLO_TASKS, user_tasks: int = TAU2_USER_TASKS,
-                         count: int = GENERATED_PER_FAMILY) -> list[Case]:
-    """Generated cases on the tasks of ``tau2_cases`` (seeded by domain and task id)."""
-    out = []
-    for task in _solo_tasks()[:solo_tasks]:
-        out += [Case("tau2", "telecom/solo", str(task.id), kind, outputs)
-                for kind, outputs in generated_solo_scripts(task, seeded_draw(f"solo/{task.id}"), count).items()]
-    for domain in tau2.DOMAINS:
-        for task in _user_tasks(domain)[:user_tasks]:
-            draw = seeded_draw(f"{domain}/{task.id}")
-            out += [Case("tau2", f"{domain}/user", str(task.id), kind, outputs, user=user)
-                    for kind, (outputs, user) in generated_user_scripts(task, draw, count).items()]
-    return out
-
-
 def _solo_tasks() -> list[Any]:
     return [t for t in tau2.load_tasks("telecom", "base") if getattr(t, "ticket", None) and _actions(t)]
 
 
 def _user_tasks(domain: str) -> list[Any]:
     return [t for t in tau2.load_tasks(domain, "base") if _actions(t, "assistant") and not _needs_judge(t)]
-
-
-def seeded_draw(seed: str) -> Draw:
-    """A ``Draw`` from ``random.Random(seed)``: the same choices on every run."""
-    rng = random.Random(seed)
-    return lambda options: rng.choice(list(options))
 
 
 def _needs_judge(task: Any) -> bool:
@@ -480,13 +368,11 @@ def _official_tau2(case: Case) -> tuple[float, str]:
 
 
 def cases() -> list[Case]:
-    """Every case: BFCL multi-turn and single-turn, tau^2 solo and user mode, written and generated."""
-    return multi_turn_cases() + single_turn_cases() + tau2_cases() + generated_cases()
+    """The written cases: BFCL multi-turn and single-turn, tau^2 solo and user mode.
 
-
-def generated_cases() -> list[Case]:
-    """The generated perturbations (``parity_families``) of every benchmark."""
-    return generated_multi_turn_cases() + generated_single_turn_cases() + generated_tau2_cases()
+    ``parity_generated.all_cases`` adds the generated ones.
+    """
+    return multi_turn_cases() + single_turn_cases() + tau2_cases()
 
 
 def run_case(case: Case, tokenizer: Any) -> Verdict:

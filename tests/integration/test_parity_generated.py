@@ -1,7 +1,7 @@
 """Generated perturbations of the raw text (``envace.benchmarks.parity_families``) score alike on both sides.
 
-The seeded sample ``parity.generated_cases`` is what ``benchmarks/harness_check.py`` counts; the hypothesis tests
-draw fresh ones on every run (and shrink a disagreement to its smallest form).
+The seeded sample ``parity_generated.generated_cases`` is what ``benchmarks/harness_check.py`` counts; the hypothesis
+tests draw fresh ones on every run (and shrink a disagreement to its smallest form).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ pytest.importorskip("tau2")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from envace.benchmarks import bfcl, parity  # noqa: E402
+from envace.benchmarks import bfcl, parity, parity_generated  # noqa: E402
 from envace.benchmarks import parity_families as families  # noqa: E402
 
-GENERATED = parity.generated_cases()
+GENERATED = parity_generated.generated_cases()
 EXPLORE = settings(max_examples=10, deadline=None, derandomize=False,
                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
@@ -34,7 +34,7 @@ def test_at_least_100_generated_cases_per_benchmark_in_every_family() -> None:
 
 
 def test_the_sample_is_the_same_on_every_run() -> None:
-    assert [c.outputs for c in parity.generated_cases()] == [c.outputs for c in GENERATED]
+    assert [c.outputs for c in parity_generated.generated_cases()] == [c.outputs for c in GENERATED]
 
 
 @pytest.mark.parametrize("case", GENERATED, ids=[c.name for c in GENERATED])
@@ -67,11 +67,11 @@ def test_fresh_multi_turn_perturbations_agree(data: st.DataObject, family: str, 
 def test_fresh_tau2_perturbations_agree(data: st.DataObject, family: str, mode: str, tiny_tokenizer) -> None:
     if mode == "solo":
         task = parity._solo_tasks()[0]
-        (outputs,) = parity.generated_solo_scripts(task, _draw(data), 1, (family,)).values()
+        (outputs,) = parity_generated.generated_solo_scripts(task, _draw(data), 1, (family,)).values()
         case = parity.Case("tau2", "telecom/solo", str(task.id), family, outputs)
     else:
         task = parity._user_tasks("retail")[0]
-        ((outputs, user),) = parity.generated_user_scripts(task, _draw(data), 1, (family,)).values()
+        ((outputs, user),) = parity_generated.generated_user_scripts(task, _draw(data), 1, (family,)).values()
         case = parity.Case("tau2", "retail/user", str(task.id), family, outputs, user=user)
     verdict = parity.run_case(case, tiny_tokenizer)
     assert verdict.agree, verdict.describe()

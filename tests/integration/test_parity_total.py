@@ -10,11 +10,11 @@ import pytest
 pytest.importorskip("bfcl_eval")
 pytest.importorskip("tau2")
 
-from envace.benchmarks import parity  # noqa: E402
+from envace.benchmarks import parity_generated  # noqa: E402
 
 
 def test_at_least_600_cases_across_both_benchmarks_and_every_mode() -> None:
-    cases = parity.cases()
+    cases = parity_generated.all_cases()
     assert len(cases) >= 600
     assert {c.benchmark for c in cases} == {"bfcl_multi_turn", "bfcl_single_turn", "tau2"}
     assert {c.category.split("/")[1] for c in cases if c.benchmark == "tau2"} == {"solo", "user"}
