@@ -283,8 +283,8 @@ class FreedMemory:
 
     So resident memory at every micro-batch's and step's end stays within ``slack`` of the largest working set
     measured (none by default), and a run whose heap does not fragment trims nothing (docs/performance.md, "Memory":
-    bank SFT at 4 tasks a step, 1.03x the step time of the path before against 1.29x trimming after every
-    micro-batch, at 5.60-5.64 GB against 5.41 GB).
+    bank SFT at 4 tasks a step, 1.075x the step time of the path before against 1.29x trimming after every
+    micro-batch, at 5.55 GB against 5.41 GB).
     """
 
     def __init__(self, slack: float = 0.0) -> None:

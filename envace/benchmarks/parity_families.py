@@ -3,7 +3,7 @@
 Each family rewrites a gold answer's raw text the way a model's output can differ from it, choosing where and how
 through a ``Draw`` (``draw(options) -> one of them``): ``random.Random(seed).choice`` for
 ``benchmarks/harness_check.py`` (a fixed, reproducible sample), ``hypothesis``'s ``data.draw(sampled_from(...))``
-in the tests (which explore and shrink). The families:
+in the tests (which explore with ``HYPOTHESIS_PROFILE=dev`` and shrink). The families:
 
 - ``whitespace``: spaces, tabs, newlines, form feeds or non-ASCII spaces around a function name or an argument key;
 - ``number``: an argument written as a number outside float range (``1e400``, a 400-digit or a 5000-digit integer),

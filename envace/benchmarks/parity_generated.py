@@ -80,14 +80,17 @@ def generated_solo_scripts(task: Any, draw: Draw, count: int,
                            kinds: Sequence[str] = families.FAMILIES) -> dict[str, tuple[str, ...]]:
     """Drawn perturbations per family of one gold message of a solo script (the others as in ``gold``)."""
     actions = parity._actions(task)
-    scripts = {}
-    for family in kinds:
-        for n in range(count):
-            at = draw(range(len(actions)))
-            messages = [parity.block(name, args) for name, args in actions]
-            messages[at:at + 1] = families.perturb(family, [actions[at]], draw)
-            scripts[f"gen_{family}_{n}"] = (*messages, parity.block("done", {}), parity.block("done", {}))
-    return scripts
+    done = parity.block("done", {})
+    return {f"gen_{family}_{n}": (*_one_perturbed(actions, family, draw), done, done)
+            for family in kinds for n in range(count)}
+
+
+def _one_perturbed(actions: list[tuple[str, dict[str, Any]]], family: str, draw: Draw) -> list[str]:
+    """The gold messages (one call each), one of them, drawn, replaced by ``family``'s perturbation."""
+    at = draw(range(len(actions)))
+    messages = [parity.block(name, args) for name, args in actions]
+    messages[at:at + 1] = families.perturb(family, [actions[at]], draw)
+    return messages
 
 
 def generated_user_scripts(task: Any, draw: Draw, count: int, kinds: Sequence[str] = families.FAMILIES,
@@ -96,15 +99,9 @@ def generated_user_scripts(task: Any, draw: Draw, count: int, kinds: Sequence[st
     actions = parity._actions(task, "assistant")
     acts = tuple(parity.block(n, a) for n, a in parity._actions(task, "user"))
     said = " ".join(task.evaluation_criteria.communicate_info or []) or "Done."
-    scripts = {}
-    for family in kinds:
-        for n in range(count):
-            at = draw(range(len(actions)))
-            messages = [parity.block(name, args) for name, args in actions]
-            messages[at:at + 1] = families.perturb(family, [actions[at]], draw)
-            user = ("Hello, I need help with my request.", *acts, parity.STOP, parity.STOP, parity.STOP)
-            scripts[f"gen_{family}_{n}"] = ((*messages, said, "Done.", "Done."), user)
-    return scripts
+    user = ("Hello, I need help with my request.", *acts, parity.STOP, parity.STOP, parity.STOP)
+    return {f"gen_{family}_{n}": ((*_one_perturbed(actions, family, draw), said, "Done.", "Done."), user)
+            for family in kinds for n in range(count)}
 
 
 def generated_tau2_cases(solo_tasks: int = parity.TAU2_SOLO_TASKS, user_tasks: int = parity.TAU2_USER_TASKS,
