@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 import builtins
 import functools
+import json
 import re
 import warnings
 from collections.abc import Callable, Mapping
@@ -147,8 +148,6 @@ def _value(node: ast.expr) -> Any:
 
 def serialise(value: Any) -> str:
     """BFCL's serialisation of a result: strings as they are, dicts as JSON (``str`` if not JSON), else ``str``."""
-    import json
-
     if type(value) is str:
         return value
     if type(value) is dict:

@@ -167,6 +167,7 @@ class RealEnvironment:
         self.toolbox = is_toolbox(self._instance)
         names = self._instance.tool_names() if self.toolbox else public_methods(cls)
         self.tool_names: tuple[str, ...] = tuple(names)
+        self.any_name = self.toolbox and bool(getattr(self._instance, "accepts_any_name", False))
         self.calls_made = 0
 
     @property
@@ -190,8 +191,7 @@ class RealEnvironment:
         """
         if self.unusable is not None:
             raise EnvironmentUnusable(self.unusable)
-        if call.name not in self.tool_names and not (self.toolbox and getattr(self._instance, "accepts_any_name",
-                                                                                False)):
+        if call.name not in self.tool_names and not self.any_name:
             available = ", ".join(self.tool_names)
             return _error_content(f"unknown tool '{call.name}'; available: {available}"), False
         self.calls_made += 1
