@@ -13,9 +13,15 @@ runs, and its peak over those steps is reported beside (``peak_ratio_first_steps
   no fidelity gate);
 - task sets: ``bank`` and ``desk`` (built in) and ``long``: bank tasks whose recorded tool responses carry a long
   statement (about 600 tokens each), the shape of a user's world with verbose tools;
-- ``budget=off`` is the path before the token budget (``micro_batch_tokens=0``, no activation checkpointing, no freed
-  memory returned to the system): today's step time, measured in the same run as the default's, on the same machine;
-  ``off+trim`` is the same with freed memory returned as the code now does (``envace.memory.FreedMemory``);
+- step time: ``budget=off`` is the path before the token budget (``micro_batch_tokens=0``, no activation
+  checkpointing, no freed memory returned to the system), today's step time, measured in the same run as the
+  default's, on the same machine. The two paths run ``--repeats`` times each at the smaller batch, interleaved
+  (default, off, default, off, ...), so a slow minute of the machine falls on both; the ratio is the mean step time
+  of one over the other's. RL's pairs run at learning rate 0: the rollouts of an updated policy depend on its
+  weights, which the two paths round differently, so after one update they would sample different episodes (of
+  different lengths); with the weights unchanged both sample the same episodes from the same seed and do the same
+  work (the benchmark checks the generated tokens per step are equal). ``--trimmed-off`` adds ``off+trim``: the path
+  before with freed memory returned as the code now does (``envace.memory.FreedMemory``);
 - growth: one SFT run of ``--growth-steps`` steps (bank, batch 4, a validation every quarter of the run and
   ``export_best`` host copies included), its resident memory read after every step; the growth is the last reading
   minus the first reading after the first validation (which builds what a run holds once: the best weights' host
@@ -23,14 +29,15 @@ runs, and its peak over those steps is reported beside (``peak_ratio_first_steps
 
 Run on an idle machine, one job at a time (``uptime`` first)::
 
-    OMP_NUM_THREADS=2 .venv/bin/python benchmarks/memory.py                  # every case, about an hour on 2 cores
+    OMP_NUM_THREADS=2 .venv/bin/python benchmarks/memory.py                  # every case, about three hours on 2 cores
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/memory.py --sets bank --stages sft --batches 4 16 --growth-steps 0
 
 The last line is ``SUMMARY sft_peak_gb=... rl_peak_gb=... peak_ratio_batch16_over_batch4=...
 growth_gb_per_100_steps=... step_time_ratio=... step_time_ratio_over_trimmed_off=...`` (the largest peaks at the
-defaults over the sets, the largest batch-16 / batch-4 ratio, the growth scaled to 100 steps, and the default's step
-time over the ``off`` one and over the ``off+trim`` one), then ``peak_ratio_first_steps=...``: the ratio with the
-smaller batch's peak over its first ``--steps`` only (fewer tasks than the larger batch's).
+defaults over the sets, the largest batch-16 / batch-4 ratio, the growth scaled to 100 steps, and the largest
+ratio of the default's step time over the ``off`` one and over the ``off+trim`` one, over stages and sets), then
+``peak_ratio_first_steps=...``: the ratio with the smaller batch's peak over its first ``--steps`` only (fewer tasks
+than the larger batch's).
 """
 
 from __future__ import annotations
@@ -56,6 +63,8 @@ BUDGET_KEY = {"sft": "--model.init_args.micro_batch_tokens", "rl": "--model.grpo
 CHECKPOINT_KEY = {"sft": "--model.init_args.policy.init_args.gradient_checkpointing",
                   "rl": "--model.policy.init_args.gradient_checkpointing"}
 LIMIT_KEY = {"sft": "--model.init_args.memory_limit_gb", "rl": "--model.memory_limit_gb"}
+STEP_METRICS = ("generated_tokens", "rollout_time_s", "update_time_s")
+"""What an RL step logs that the benchmark reads back: the work sampled, and where the step's time went."""
 GB = 10**9
 """Every figure is in GB of 10^9 bytes, the unit of the summary's keys (``ru_maxrss`` counts KiB)."""
 LABELS = {"default": "default", "0": "off", "0+trim": "off+trim"}
@@ -95,7 +104,9 @@ def task_args(stage: str, name: str, work: Path) -> list[str]:
     return []
 
 
-def case_args(stage: str, task_set: str, batch: int, budget: str, steps: int, root: Path) -> list[str]:
+def case_args(stage: str, task_set: str, batch: int, budget: str, steps: int, root: Path,
+              frozen: bool = False) -> list[str]:
+    """The ``envace fit`` arguments of one case; ``frozen``: learning rate 0 (RL's step-time pairs)."""
     args = ["fit", "--config", CONFIGS[stage], f"--trainer.default_root_dir={root}", f"--trainer.max_steps={steps}",
             "--trainer.limit_val_batches=0", "--trainer.logger=false",
             f"--data.batch_size={batch}"]
@@ -105,6 +116,8 @@ def case_args(stage: str, task_set: str, batch: int, budget: str, steps: int, ro
     else:
         args += [f"--model.policy.init_args.name_or_path={MODEL}", "--model.export_dir=null",
                  "--model.fidelity_gate=null"]
+        if frozen:
+            args.append("--model.optimizer.init_args.lr=0")
     if budget != "default":  # the path before the budget: one forward/backward per role, nothing recomputed, no check
         args += [f"{BUDGET_KEY[stage]}=0", f"{CHECKPOINT_KEY[stage]}=false", f"{LIMIT_KEY[stage]}=0"]
     return args + task_args(stage, task_set, root)
@@ -128,14 +141,19 @@ def child(args: list[str], rss_every_step: bool, before: bool = False) -> None:
     times: list[float] = []
     rss: list[float] = []
     hwm: list[float] = []  # the peak so far, after every step
+    logged: dict[str, list[float]] = {key: [] for key in STEP_METRICS}
 
     class Clock(L.Callback):
         def on_train_batch_start(self, *_: Any) -> None:
             self.start = time.perf_counter()
 
-        def on_train_batch_end(self, *_: Any) -> None:
+        def on_train_batch_end(self, trainer: L.Trainer, *_: Any) -> None:
             times.append(time.perf_counter() - self.start)
             hwm.append(peak_gb())
+            for key, values in logged.items():
+                value = trainer.callback_metrics.get(f"train/{key}")
+                if value is not None:
+                    values.append(float(value))
             if rss_every_step:
                 pages = int(Path("/proc/self/statm").read_text().split()[1])
                 rss.append(pages * os.sysconf("SC_PAGE_SIZE") / GB)
@@ -146,7 +164,7 @@ def child(args: list[str], rss_every_step: bool, before: bool = False) -> None:
 
     sys.argv = ["envace"]
     cli_main(args, cli_class=ClockCLI)
-    print("RESULT " + json.dumps({"times": times, "rss": rss, "peak_gb": peak_gb(), "hwm": hwm}), flush=True)
+    print("RESULT " + json.dumps({"times": times, "rss": rss, "peak_gb": peak_gb(), "hwm": hwm, **logged}), flush=True)
 
 
 def peak_gb() -> float:
@@ -169,6 +187,58 @@ def run_case(args: list[str], rss_every_step: bool = False, before: bool = False
     return json.loads(lines[-1].removeprefix("RESULT "))
 
 
+def run_in(tmp: str, build: Any, stage: str, task_set: str, batch: int, budget: str, steps: int,
+           frozen: bool = False) -> dict[str, Any]:
+    """One case in its own directory under ``tmp``, removed after (its last.ckpt: 1.4 GB a case)."""
+    root = Path(tmp, f"{stage}-{task_set}-{batch}-{budget}{'-frozen' if frozen else ''}")
+    try:
+        return run_case(build(stage, task_set, batch, budget, steps, root, frozen), before=budget == "0")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def time_pairs(tmp: str, stage: str, task_set: str, batch: int, opts: argparse.Namespace,
+               rows: list[tuple[str, str, int, str, float, float]]) -> dict[str, float]:
+    """The default's mean step time over each path before's, their runs interleaved ``opts.repeats`` times.
+
+    RL runs frozen (learning rate 0), so every run samples the same episodes; a run whose generated tokens per step
+    differ from the first run's stops the benchmark (the two would not have done the same work).
+    """
+    budgets = ["default", "0"] + (["0+trim"] if opts.trimmed_off else [])
+    frozen = stage == "rl"
+    steps: dict[str, list[float]] = {b: [] for b in budgets}
+    work: list[float] | None = None
+    for repeat in range(opts.repeats):
+        for budget in budgets:
+            result = run_in(tmp, case_args, stage, task_set, batch, budget, opts.steps, frozen)
+            generated = result["generated_tokens"][: opts.steps]
+            if frozen and work is not None and generated != work:
+                raise RuntimeError(f"{stage} {task_set} budget {budget}: generated tokens per step {generated}, "
+                                   f"the first run's {work}: the runs did not sample the same episodes")
+            work = work if work is not None else generated
+            steps[budget].append(mean_step(result["times"][: opts.steps]))
+            rows.append((stage, task_set, batch, LABELS[budget] + (" (lr 0)" if frozen else ""), result["peak_gb"],
+                         steps[budget][-1]))
+            print(f"{stage} {task_set} batch {batch} budget {budget}{' lr 0' if frozen else ''} run {repeat + 1}: "
+                  f"peak {result['peak_gb']:.2f} GB, step {steps[budget][-1]:.1f} s"
+                  f"{breakdown(result, opts.steps)}", flush=True)
+    means = {b: statistics.fmean(v) for b, v in steps.items()}
+    for budget in budgets[1:]:
+        print(f"{stage} {task_set}: default {means['default']:.1f} s over {LABELS[budget]} {means[budget]:.1f} s = "
+              f"{means['default'] / means[budget]:.3f} (runs: {' '.join(f'{x:.1f}' for x in steps['default'])} over "
+              f"{' '.join(f'{x:.1f}' for x in steps[budget])})", flush=True)
+    return {b: means["default"] / means[b] for b in budgets[1:]}
+
+
+def breakdown(result: dict[str, Any], steps: int) -> str:
+    """Where an RL step's time went (rollout and update, after the first step) and its generated tokens."""
+    rollout, update = result.get("rollout_time_s", [])[1:steps], result.get("update_time_s", [])[1:steps]
+    if not rollout or not update:
+        return ""
+    tokens = " ".join(str(int(x)) for x in result["generated_tokens"][:steps])
+    return f" (rollout {statistics.fmean(rollout):.1f} s, update {statistics.fmean(update):.1f} s; generated {tokens})"
+
+
 def mean_step(times: list[float]) -> float:
     """The mean step time after the first step (which builds the optimiser state); both paths of a comparison run
     the same seeded batches, so their means cover the same rows."""
@@ -183,8 +253,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batches", nargs=2, type=int, default=[4, 16], help="the two batch sizes compared")
     parser.add_argument("--steps", type=int, default=4, help="optimiser steps per case")
     parser.add_argument("--growth-steps", type=int, default=100, help="steps of the growth run (0: none)")
-    parser.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=True,
-                        help="also run the smaller batch with the budget off (today's path) for the step time")
+    parser.add_argument("--repeats", type=int, default=2,
+                        help="runs of each path of the step-time comparison, interleaved (0: no comparison)")
+    parser.add_argument("--trimmed-off", action="store_true",
+                        help="also time the path before with freed memory returned (off+trim)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--rss", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--before", action="store_true", help=argparse.SUPPRESS)
@@ -203,28 +275,23 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="envace-memory-") as tmp:
         for stage in opts.stages:
             for task_set in opts.sets:
-                budgets = [(small, "default"), (large, "default")] + (
-                    [(small, "0"), (small, "0+trim")] if opts.baseline else [])
-                times = {}
-                for batch, budget in budgets:
-                    root = Path(tmp, f"{stage}-{task_set}-{batch}-{budget}")
-                    steps = opts.steps * large // small if (batch, budget) == (small, "default") else opts.steps
-                    result = run_case(case_args(stage, task_set, batch, budget, steps, root), before=budget == "0")
-                    shutil.rmtree(root, ignore_errors=True)  # its last.ckpt: 1.4 GB a case
+                for batch in (small, large):  # the peaks at the defaults, over the same tasks
+                    steps = opts.steps * large // small if batch == small else opts.steps
+                    result = run_in(tmp, case_args, stage, task_set, batch, "default", steps)
+                    peaks[(stage, task_set, batch, "default")] = result["peak_gb"]
                     step = mean_step(result["times"][: opts.steps])
-                    times[(batch, budget)] = step
-                    peaks[(stage, task_set, batch, budget)] = result["peak_gb"]
                     if steps > opts.steps:
-                        first_peaks[(stage, task_set, batch, budget)] = result["hwm"][opts.steps - 1]
+                        first_peaks[(stage, task_set, batch, "default")] = result["hwm"][opts.steps - 1]
                         print(f"{stage} {task_set} batch {batch}: peak {result['hwm'][opts.steps - 1]:.2f} GB over "
                               f"its first {opts.steps} steps, {result['peak_gb']:.2f} GB over {steps}", flush=True)
-                    rows.append((stage, task_set, batch, LABELS[budget], result["peak_gb"],
-                                 step))
-                    print(f"{stage} {task_set} batch {batch} budget {budget}: peak {result['peak_gb']:.2f} GB, "
-                          f"step {step:.1f} s", flush=True)
-                if opts.baseline:
-                    step_ratio.append(times[(small, "default")] / times[(small, "0")])
-                    trimmed_ratio.append(times[(small, "default")] / times[(small, "0+trim")])
+                    rows.append((stage, task_set, batch, "default", result["peak_gb"], step))
+                    print(f"{stage} {task_set} batch {batch} budget default: peak {result['peak_gb']:.2f} GB, "
+                          f"step {step:.1f} s{breakdown(result, opts.steps)}", flush=True)
+                if opts.repeats:
+                    ratios = time_pairs(tmp, stage, task_set, small, opts, rows)
+                    step_ratio.append(ratios["0"])
+                    if "0+trim" in ratios:
+                        trimmed_ratio.append(ratios["0+trim"])
         growth = float("nan")
         if opts.growth_steps:
             root = Path(tmp, "growth")
