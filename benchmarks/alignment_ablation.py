@@ -74,7 +74,7 @@ def variant_key(seed: int, variant: str) -> str:
 
 def train(settings: Settings, seed: int, variant: str, world: str, val_every: int, audit: float) -> dict[str, Any]:
     """Train one variant of ``seed`` from its warm start; return its fidelity curves and the exported policy."""
-    from envace.demo import fit
+    from envace.cli.demo import fit
 
     root = f"{settings.out}/seed{seed}/ablation/{variant}"
     stage = fit(RL_CONFIG, f"{root}/policy", root, [
@@ -108,7 +108,7 @@ def curves(root: str) -> dict[str, list[tuple[int, float]]]:
 
 def test(settings: Settings, seed: int, variant: str, policy: str) -> dict[str, Any]:
     """Real-environment test of one final checkpoint on the test split (real success, teacher-forced fidelity)."""
-    from envace.demo import evaluate
+    from envace.cli.demo import evaluate
 
     tasks = TEST_SPLIT if settings.eval_tasks is None else f"{TEST_SPLIT}:{settings.eval_tasks}"
     return evaluate(RL_CONFIG, policy, tasks, f"{settings.out}/seed{seed}/ablation/eval",

@@ -118,7 +118,7 @@ class Settings:
     policy: str = "tiny"
     domain: str = "bank"
     rehearsal_budgets: tuple[int, ...] = (0, 2, 4)
-    rehearsal_selector: str = "envace.private_rehearsal.OutcomeMajorityCommit"
+    rehearsal_selector: str = "envace.rollout.private_rehearsal.OutcomeMajorityCommit"
     curve_every: int = 0
     curve_tasks: int = 32
     extra_eval: tuple[str, ...] = ()
@@ -158,7 +158,7 @@ class Settings:
 
     @property
     def sft_config(self) -> str:
-        """The warm start's config (``envace.demo.PRESETS``)."""
+        """The warm start's config (``envace.cli.demo.PRESETS``)."""
         return _preset(self.policy).sft_config
 
     @property
@@ -176,7 +176,7 @@ class Settings:
 
     def on_domain(self, config: str) -> list[str]:
         """The overrides that move ``config``'s task sets to this scope's domain."""
-        from envace.demo import domain_overrides
+        from envace.cli.demo import domain_overrides
 
         return domain_overrides(config, self.domain)
 
@@ -186,7 +186,7 @@ class Settings:
 
 
 def _preset(policy: str) -> Any:
-    from envace.demo import PRESETS
+    from envace.cli.demo import PRESETS
 
     if policy not in PRESETS:
         raise ValueError(f"--policy {policy!r}: one of {sorted(PRESETS)}")
@@ -234,7 +234,7 @@ def warm_start(settings: Settings, seed: int, unvalidated: bool = False) -> dict
         seed: the seed.
         unvalidated: train it again without validating (see ``validation_chose_nothing``): the same weights, sooner.
     """
-    from envace.demo import fit
+    from envace.cli.demo import fit
 
     root = f"{settings.root(seed)}/warm"
     weights = [f"--model.init_args.policy.init_args.seed={seed}"] if _preset(settings.policy).seeds_weights else []
@@ -265,7 +265,7 @@ def validation_chose_nothing(recorded: dict[str, Any]) -> bool:
 def world_stage(settings: Settings, seed: int) -> Any:
     """The warm start's first stage: the rehearse role alone learns the world from the recorded tool responses of
     the SFT config's demonstrations (``act_weight=0``), ``world_steps`` steps, no validation; its ``StageResult``."""
-    from envace.demo import fit
+    from envace.cli.demo import fit
 
     root = f"{settings.root(seed)}/world"
     return fit(settings.sft_config, f"{root}/policy", root, [
@@ -294,7 +294,7 @@ def weights_digest(policy: str) -> str:
 
 def rl_arm(settings: Settings, seed: int, arm: str) -> dict[str, Any]:
     """Train arm ``arm`` of ``seed`` from its warm start: a, b or c, or a lever (a variant of a) by its arm key."""
-    from envace.demo import fit
+    from envace.cli.demo import fit
 
     lever = dict(settings.levers).get(arm.removeprefix(LEVER_PREFIX)) if arm.startswith(LEVER_PREFIX) else None
     world = WORLDS["a"] if lever is not None else WORLDS[arm]
@@ -372,7 +372,7 @@ def _scalars(root: str, tags: tuple[str, ...]) -> dict[str, dict[int, float]]:
 
 def sft_continued(settings: Settings, seed: int, seconds: float) -> dict[str, Any]:
     """Arm (e): SFT from the warm start on the same demonstrations for ``seconds`` of wall-clock time."""
-    from envace.demo import fit
+    from envace.cli.demo import fit
 
     root = f"{settings.root(seed)}/e"
     hours, rest = divmod(int(round(seconds)), 3600)
@@ -389,7 +389,7 @@ def sft_continued(settings: Settings, seed: int, seconds: float) -> dict[str, An
 
 def evaluate(settings: Settings, seed: int, arm: str, policy: str) -> dict[str, Any]:
     """Real-environment test of one checkpoint on every split."""
-    from envace.demo import evaluate as test
+    from envace.cli.demo import evaluate as test
 
     splits = {k: v if settings.eval_tasks is None else f"{v}:{settings.eval_tasks}"
               for k, v in settings.splits().items()}
@@ -416,7 +416,7 @@ REHEARSED_ARMS = {"a": "envace", "d": "base"}
 def rehearse_at_test(settings: Settings, seed: int, arm: str, policy: str) -> dict[str, Any]:
     """Test-time private rehearsal of one checkpoint on the domain's test split: every budget, parallel and
     sequential (``callbacks.rehearsal_budget.RehearsalBudgetAblation`` in ``envace test``); its record."""
-    from envace.cli import cli_main
+    from envace.cli.lightning import cli_main
 
     root = f"{settings.root(seed)}/rehearsal/{arm}"
     limit = settings.eval_tasks if settings.rehearsal_tasks is None else settings.rehearsal_tasks
@@ -923,7 +923,7 @@ def _mean_and_seeds(values: list[float | None]) -> str:
 
 def _template_calls(scope: Settings) -> dict[tuple[str, str], str]:
     """``{(split, template): required calls}`` of the domain's built-in splits (a range where they vary)."""
-    from envace.task_sets import load_task_set
+    from envace.builtin.task_sets import load_task_set
 
     found: dict[tuple[str, str], set[int]] = {}
     for split, spec in scope.splits().items():
@@ -1126,7 +1126,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="a variant of arm (a) named NAME with an extra `envace fit` argument (repeat a NAME to "
                              "add arguments); trained from the same warm starts and reported in its own table")
     parser.add_argument("--policy", default="tiny", choices=("tiny", "smollm2"),
-                        help="the policy (envace.demo's presets: their SFT and RL configs)")
+                        help="the policy (envace.cli.demo's presets: their SFT and RL configs)")
     parser.add_argument("--domains", nargs="+", default=["bank"], choices=("bank", "desk"))
     parser.add_argument("--record", default=None,
                         help="the results file kept in version control (default for a real model: "
@@ -1134,8 +1134,8 @@ def main(argv: list[str] | None = None) -> None:
                              "recorded jobs are skipped, each finished job is added")
     parser.add_argument("--rehearsal-budgets", type=int, nargs="+", default=[0, 2, 4],
                         help="test-time private rehearsal budgets of arms (a) and (d) (a real-model study)")
-    parser.add_argument("--rehearsal-selector", default="envace.private_rehearsal.OutcomeMajorityCommit",
-                        help="what a test-time rehearsal commits (a class path in envace.private_rehearsal)")
+    parser.add_argument("--rehearsal-selector", default="envace.rollout.private_rehearsal.OutcomeMajorityCommit",
+                        help="what a test-time rehearsal commits (a class path in envace.rollout.private_rehearsal)")
     parser.add_argument("--demos", type=int, default=None,
                         help="demonstrations of the warm start (and arm (e)): the domain's first N training tasks; the "
                              "RL arms keep those N references (default: each config's own)")

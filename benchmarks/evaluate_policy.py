@@ -100,10 +100,10 @@ def build_engine(model: str, chat_template: str | None = None, engine: str = "ca
     """
     import torch
 
+    from envace.engines.base import HFEngine
+    from envace.engines.kv_engine import CachedEngine
     from envace.policy import HFPolicy, TinyPolicy
     from envace.policy.tiny import build_model
-    from envace.rollout.engine import HFEngine
-    from envace.rollout.kv_engine import CachedEngine
 
     if model in ("gold", "tiny"):
         _, tokenizer = TinyPolicy().build()
@@ -120,7 +120,7 @@ def build_engine(model: str, chat_template: str | None = None, engine: str = "ca
 
 def chat_model(model: str | None, max_new_tokens: int) -> Any:
     """A helper model (simulated user, judge): ``ChatModel(HFPolicy(DIR))``, ``tiny`` (random) or None."""
-    from envace.chat_model import ChatModel
+    from envace.engines.chat_model import ChatModel
     from envace.policy import HFPolicy, TinyPolicy
 
     if model is None:
@@ -135,7 +135,7 @@ def chat_model(model: str | None, max_new_tokens: int) -> Any:
 
 def rehearsal_of(args: argparse.Namespace) -> tuple[Any, Any]:
     """``(PrivateRehearsal, selector)`` from ``--rehearsals`` and friends; ``(None, None)`` without a budget."""
-    from envace import private_rehearsal
+    from envace.rollout import private_rehearsal
 
     if not args.rehearsals:
         return None, None
@@ -353,7 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rehearsal-horizon", type=int, default=2, help="most act turns of one imagined attempt")
     parser.add_argument("--rehearsal-selector", default="MemoryCommit",
                         choices=("MemoryCommit", "MajorityCommit", "OutcomeMajorityCommit", "JudgedCommit"),
-                        help="what a rehearsal commits (envace.private_rehearsal)")
+                        help="what a rehearsal commits (envace.rollout.private_rehearsal)")
     parser.add_argument("--tau2-domains", nargs="*", default=["telecom"], choices=tau2.DOMAINS, metavar="DOMAIN",
                         help=f"tau^2 domains, of {', '.join(tau2.DOMAINS)} (default: telecom; none: no tau^2)")
     parser.add_argument("--tau2-mode", default="solo", choices=tau2.MODES, help="solo (telecom only) or user")

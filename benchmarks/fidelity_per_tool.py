@@ -1,7 +1,8 @@
 """Teacher-forced rehearsal fidelity per tool of exported policies: how well each one plays the environment.
 
-Every reference call of the tasks is rehearsed greedily with the real history before it (``envace.fidelity``:
-exact match of the response, leaf F1 of its JSON leaves, error agreement), and the scores are grouped by tool.
+Every reference call of the tasks is rehearsed greedily with the real history before it
+(``envace.world_model.fidelity``: exact match of the response, leaf F1 of its JSON leaves, error agreement), and the
+scores are grouped by tool.
 
 Run from the repository root: ``.venv/bin/python benchmarks/fidelity_per_tool.py NAME=DIR [NAME=DIR ...]
 [--tasks builtin:bank-test] [--dtype auto|bfloat16|float32] [--misses DIR]``, where each DIR is a policy in Hugging
@@ -27,8 +28,11 @@ from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
 
-from envace.cpu_precision import cpu_dtype  # noqa: E402
-from envace.fidelity import (  # noqa: E402
+from envace.builtin.task_sets import load_task_set  # noqa: E402
+from envace.engines.kv_engine import CachedEngine  # noqa: E402
+from envace.policy import HFPolicy  # noqa: E402
+from envace.runtime.cpu_precision import cpu_dtype  # noqa: E402
+from envace.world_model.fidelity import (  # noqa: E402
     Probe,
     per_tool,
     reference_probes,
@@ -37,9 +41,6 @@ from envace.fidelity import (  # noqa: E402
     score_reply,
     summarize,
 )
-from envace.policy import HFPolicy  # noqa: E402
-from envace.rollout.kv_engine import CachedEngine  # noqa: E402
-from envace.task_sets import load_task_set  # noqa: E402
 from envace.worlds import RehearseWorld  # noqa: E402
 from envace.worlds.base import ToolReply  # noqa: E402
 
@@ -82,7 +83,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("policies", nargs="+", metavar="NAME=DIR")
     parser.add_argument("--tasks", default="builtin:bank-test")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
-                        help="auto: bfloat16 on a CPU with fast bf16 matmuls, else float32 (envace.cpu_precision)")
+                        help="auto: bfloat16 on a CPU with fast bf16 matmuls, else float32 "
+                             "(envace.runtime.cpu_precision)")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--think", action="store_true",
                         help="the rehearse prompt of a thinking rehearse role (RehearseWorld(think=True))")

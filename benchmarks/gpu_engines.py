@@ -81,7 +81,7 @@ def load(model_dir: str, args: argparse.Namespace) -> tuple[Any, Any]:
 
 def start_vllm(model_dir: str, tokenizer: Any, args: argparse.Namespace) -> tuple[Any, float]:
     """The colocated engine, as ``rollout.engine: vllm`` starts it; and its start-up seconds."""
-    from envace.rollout.vllm_engine import VLLMEngine, VLLMOptions
+    from envace.engines.vllm_engine import VLLMEngine, VLLMOptions
 
     options = VLLMOptions(dtype=args.dtype if torch.cuda.is_available() else "float32",
                           gpu_memory_utilization=args.gpu_memory_utilization, sleep=torch.cuda.is_available())
@@ -102,7 +102,7 @@ def used_gib() -> float | None:
 def measure_engine(name: str, model_dir: str, model: Any, tokenizer: Any, tasks: list[Any],
                    args: argparse.Namespace) -> dict[str, Any]:
     """One engine's row: rollout tokens/s, and for vLLM its start-up, sync, sleep/wake seconds and memory."""
-    from envace.rollout.weights import policy_weights
+    from envace.engines.weights import policy_weights
 
     row: dict[str, Any] = {"model": Path(model_dir).name, "engine": name}
     kind, _, schedule = name.partition("-")
@@ -166,14 +166,14 @@ def summary(rows: list[dict[str, Any]], measured: list[str]) -> str:
 def main(argv: list[str] | None = None) -> None:
     """Command line."""
     args = parse_args(argv)
-    from envace.task_sets import load_task_set
+    from envace.builtin.task_sets import load_task_set
 
     tasks = load_task_set(args.tasks)
     present = [m for m in args.models if Path(m, "config.json").is_file()]
     for missing in sorted(set(args.models) - set(present)):
         print(f"absent, skipped: {missing} (no config.json)")  # noqa: T201
     if any(name.startswith("vllm") for name in args.engines):
-        from envace.rollout.vllm_engine import require_vllm
+        from envace.engines.vllm_engine import require_vllm
 
         require_vllm()
     rows = []

@@ -5,7 +5,7 @@
   policy (``GoldPolicy``: the same calls written as ``<tool_call>`` text, through envace's rollout, schema checks and
   environments) must score 100% (not yet for miss_func, whose functions arrive mid-conversation); and the gold
   replays double as fidelity probes: a second fresh environment standing in as the rehearser must reproduce every
-  response exactly (exact match under ``envace.fidelity``).
+  response exactly (exact match under ``envace.world_model.fidelity``).
 - **BFCL-v4 single-turn** (every category of ``envace.benchmarks.bfcl_ast.SINGLE_TURN``, every entry by default):
   each entry's gold output (``gold_output``: the answer's first allowed values as ``<tool_call>`` blocks, plain text
   for irrelevance) is served by ``GoldASTEngine`` and scored by ``evaluate_single_turn`` (BFCL's AST checker and
@@ -45,8 +45,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from envace.benchmarks import bfcl, bfcl_ast, parity, parity_generated, tau2  # noqa: E402
-from envace.fidelity import score_response  # noqa: E402
 from envace.policy import TinyPolicy  # noqa: E402  (its tokenizer renders the gold policy's prompts)
+from envace.world_model.fidelity import score_response  # noqa: E402
 
 
 def gold_policy_accuracy(entries: list[bfcl.BFCLEntry]) -> float:

@@ -21,7 +21,7 @@ runs, and its peak over those steps is reported beside (``peak_ratio_first_steps
   weights, which the two paths round differently, so after one update they would sample different episodes (of
   different lengths); with the weights unchanged both sample the same episodes from the same seed and do the same
   work (the benchmark checks the generated tokens per step are equal). ``--trimmed-off`` adds ``off+trim``: the path
-  before with freed memory returned as the code now does (``envace.memory.FreedMemory``);
+  before with freed memory returned as the code now does (``envace.training.memory.FreedMemory``);
 - growth: one SFT run of ``--growth-steps`` steps (bank, batch 4, a validation every quarter of the run and
   ``export_best`` host copies included), its resident memory read after every step; the growth is the last reading
   minus the first reading after the first validation (which builds what a run holds once: the best weights' host
@@ -127,16 +127,16 @@ def child(args: list[str], rss_every_step: bool, before: bool = False) -> None:
     """Run ``envace`` in this process; print the step times, the RSS per step and the peak as one JSON line.
 
     ``before``: the path before the token budget also returned no freed memory to the system between micro-batches
-    and steps (``envace.memory.return_freed_memory``, which costs the page faults of refilling it), so its step
+    and steps (``envace.training.memory.return_freed_memory``, which costs the page faults of refilling it), so its step
     time is measured without it.
     """
     import lightning as L
 
-    import envace.memory
-    from envace.cli import EnvaceCLI, cli_main
+    import envace.training.memory
+    from envace.cli.lightning import EnvaceCLI, cli_main
 
     if before:  # every trim the training modules ask for (FreedMemory) goes through this function
-        envace.memory.return_freed_memory = lambda: False
+        envace.training.memory.return_freed_memory = lambda: False
 
     times: list[float] = []
     rss: list[float] = []

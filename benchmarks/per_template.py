@@ -18,12 +18,12 @@ from collections import defaultdict  # noqa: E402
 import torch  # noqa: E402
 
 from envace.builtin.make_tasks import template_of  # noqa: E402
+from envace.builtin.task_sets import load_task_set  # noqa: E402
+from envace.engines.base import HFEngine  # noqa: E402
 from envace.policy import HFPolicy  # noqa: E402
 from envace.rewards import TaskSuccess  # noqa: E402
-from envace.rollout.engine import HFEngine  # noqa: E402
+from envace.rewards.scoring import score_episodes  # noqa: E402
 from envace.rollout.runner import EpisodeRunner, RolloutConfig  # noqa: E402
-from envace.scoring import score_episodes  # noqa: E402
-from envace.task_sets import load_task_set  # noqa: E402
 from envace.types import Task  # noqa: E402
 from envace.worlds import RealWorld  # noqa: E402
 

@@ -13,7 +13,7 @@ hours (bf16 on a CPU without bf16 kernels) can still be measured in minutes:
 ``float32`` runs the model in float32. ``bf16-mixed`` is what Lightning's ``precision: bf16-mixed`` does: float32
 weights, matmuls under ``torch.autocast`` in bf16. ``bf16-true`` casts the weights to bf16. The inputs are random
 token ids from a fixed seed, the same for every precision. The table also shows the bf16/float32 matmul slowdown that
-``envace.cpu_precision`` measures to decide its fallback.
+``envace.runtime.cpu_precision`` measures to decide its fallback.
 
 Run from the repository root::
 
@@ -41,7 +41,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from envace.cpu_precision import bf16_matmul_slowdown  # noqa: E402
+from envace.runtime.cpu_precision import bf16_matmul_slowdown  # noqa: E402
 
 PRECISIONS = ("float32", "bf16-mixed", "bf16-true")
 
@@ -152,7 +152,7 @@ def table(rows: list[Row], args: argparse.Namespace, device: str, slowdown: floa
              f"{args.row_tokens} tokens; generate: {args.rows} prompts x {args.prompt_tokens} tokens, "
              f"{args.new_tokens} new tokens each; best of {args.repeats}", ""]
     if slowdown is not None:
-        lines += [f"bf16/float32 matmul time on this CPU (envace.cpu_precision): {slowdown:.1f}x", ""]
+        lines += [f"bf16/float32 matmul time on this CPU (envace.runtime.cpu_precision): {slowdown:.1f}x", ""]
     lines += ["| precision | update s | update tokens/s | generate s | generate tokens/s |", "|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r.precision} | {r.update_s:.2f} | {r.update_tok_s:.0f} | {r.generate_s:.2f} | "

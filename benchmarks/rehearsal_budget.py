@@ -47,7 +47,7 @@ POLICIES = {"envace": "a", "base": "warm"}
 def ablate(seed: int, name: str, tasks: str, budgets: list[int], horizon: int, selector: str, out: str,
            policy: str) -> dict[str, Any]:
     """The budget ablation of one checkpoint: ``envace test`` with ``RehearsalBudgetAblation``; its record."""
-    from envace.cli import cli_main
+    from envace.cli.lightning import cli_main
 
     callback = {"class_path": "callbacks.rehearsal_budget.RehearsalBudgetAblation",
                 "init_args": {"tasks": tasks, "limit": None, "budgets": budgets, "horizon": horizon, "seed": seed,
@@ -170,8 +170,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--budgets", type=int, nargs="+", default=[0, 1, 2, 4, 8])
     parser.add_argument("--horizon", type=int, default=2, help="most act turns of one imagined attempt")
     parser.add_argument("--eval-tasks", type=int, default=None, help="test on the first this-many test tasks")
-    parser.add_argument("--selector", default="envace.private_rehearsal.OutcomeMajorityCommit",
-                        help="what a rehearsal commits (a class path of envace.private_rehearsal's selectors)")
+    parser.add_argument("--selector", default="envace.rollout.private_rehearsal.OutcomeMajorityCommit",
+                        help="what a rehearsal commits (a class path of envace.rollout.private_rehearsal's selectors)")
     parser.add_argument("--out", default="runs/study", help="shared with controlled_study.py (its checkpoints)")
     parser.add_argument("--report", default="docs/results.md")
     parser.add_argument("--plot", default="docs/rehearsal_budget.png")

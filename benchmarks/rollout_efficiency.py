@@ -44,8 +44,8 @@ from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
 
-from envace.rollout.engine import HFEngine, SamplingParams  # noqa: E402
-from envace.rollout.kv_engine import CachedEngine  # noqa: E402
+from envace.engines.base import HFEngine, SamplingParams  # noqa: E402
+from envace.engines.kv_engine import CachedEngine  # noqa: E402
 
 
 @dataclass
@@ -115,7 +115,7 @@ class RawVLLM:
 
 def vllm_engine(model_dir: str, tokenizer: Any) -> Any:
     """``VLLMEngine`` on ``model_dir``, in the model's own dtype (``--engine vllm``)."""
-    from envace.rollout.vllm_engine import VLLMEngine
+    from envace.engines.vllm_engine import VLLMEngine
 
     return VLLMEngine(model_dir, stop_ids=[tokenizer.eos_token_id], dtype="auto")
 
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.repeats < 1 or args.group_size < 1:
         parser.error("--repeats and --group-size must be at least 1")
-    from envace.task_sets import load_task_set
+    from envace.builtin.task_sets import load_task_set
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

@@ -34,7 +34,7 @@ from unittest import mock  # noqa: E402
 
 import torch  # noqa: E402
 
-from envace.rollout.engine import HFEngine, SamplingParams  # noqa: E402
+from envace.engines.base import HFEngine, SamplingParams  # noqa: E402
 
 CONFIG = "lit_configs/tiny.yaml"
 TAGS = {
@@ -133,7 +133,7 @@ def fit_args(args: argparse.Namespace, workdir: str) -> list[str]:
 
 def run_fit(cli_args: list[str]) -> None:
     """Run ``envace fit`` in this process (``sys.argv`` patched so that nothing reads the benchmark's own flags)."""
-    from envace.command import main
+    from envace.cli.command import main
 
     with mock.patch.object(sys, "argv", ["envace"]):
         main(cli_args)

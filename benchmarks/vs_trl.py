@@ -25,8 +25,8 @@ Protocol (a fair side-by-side: identical inputs, identical work, identical optim
   update cuts every row after its last trained token, so that tail costs envace the feedback's rendering only.
 - **Process layout.** Each side runs in its own subprocess (this script re-invoked with ``--side``), alternating
   envace/TRL for ``--pairs`` pairs and swapping which one goes first in every pair. Each run does ``--warmup``
-  steps, then ``--steps`` timed steps. envace runs through its real training path: ``envace.cli.cli_main`` builds
-  ``EnvACEModule``, ``RolloutDataModule`` and the Lightning ``Trainer`` from a YAML config, then ``trainer.fit``.
+  steps, then ``--steps`` timed steps. envace runs through its real training path: ``envace.cli.lightning.cli_main``
+  builds ``EnvACEModule``, ``RolloutDataModule`` and the Lightning ``Trainer`` from a YAML config, then ``trainer.fit``.
   TRL runs ``GRPOTrainer.train``.
 - **What is timed.** Per optimiser step, from the start of step k to its end (rollout, reward, advantages, loss,
   backward, optimiser): a Lightning callback (``on_train_batch_start``/``end``) and a ``TrainerCallback``
@@ -289,9 +289,9 @@ def run_envace(workdir: Path, max_steps: int, threads: int, engine: str | None) 
     import lightning as L
     import torch
 
-    import envace.module
-    from envace.cli import cli_main
-    from envace.evaluation import policy_engine
+    import envace.training.module
+    from envace.cli.lightning import cli_main
+    from envace.evaluation.evaluator import policy_engine
     from envace.rollout.collate import trained_length
 
     records: list[dict[str, float]] = []
@@ -334,7 +334,8 @@ def run_envace(workdir: Path, max_steps: int, threads: int, engine: str | None) 
 
     config_path = workdir / "envace.yaml"
     config_path.write_text(json.dumps(envace_config(workdir, max_steps, engine), indent=1), encoding="utf-8")
-    with mock.patch.object(envace.module, "policy_engine", timed_engine), mock.patch.object(sys, "argv", ["envace"]):
+    with (mock.patch.object(envace.training.module, "policy_engine", timed_engine),
+          mock.patch.object(sys, "argv", ["envace"])):
         cli = cli_main(["--config", str(config_path)], run=False)
         cli.trainer.callbacks.append(StepTimer())
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)

@@ -35,7 +35,7 @@ Config::
             tau2_mode: user
             tau2_limit: 10
             user:
-              class_path: envace.chat_model.ChatModel
+              class_path: envace.engines.chat_model.ChatModel
               init_args: {policy: {class_path: envace.policy.HFPolicy, init_args: {name_or_path: /models/user}}}
 """
 
@@ -57,7 +57,7 @@ from envace.benchmarks.suite import (
     describe_model,
     split_bfcl_categories,
 )
-from envace.chat_model import ChatModel
+from envace.engines.chat_model import ChatModel
 from envace.rollout.runner import RolloutConfig
 
 
@@ -102,8 +102,8 @@ def _tau2_domains(domains: list[str] | None, split: str | None, mode: str, user:
     if split is None or not chosen:
         return []
     if mode == "user" and user is None:
-        raise ValueError("user: tau2_mode 'user' needs the simulated user's model (envace.chat_model.ChatModel over a "
-                         "local checkpoint)")
+        raise ValueError("user: tau2_mode 'user' needs the simulated user's model "
+                         "(envace.engines.chat_model.ChatModel over a local checkpoint)")
     return chosen
 
 
@@ -139,10 +139,10 @@ def _load_vita(path: str | None, language: str, user: ChatModel | None, judge: C
     if path is None:
         return []
     if judge is None:
-        raise ValueError("judge: vita_path needs a judge model (envace.chat_model.ChatModel over a local checkpoint) "
-                         "to play VitaBench's rubric judge")
+        raise ValueError("judge: vita_path needs a judge model (envace.engines.chat_model.ChatModel over a local "
+                         "checkpoint) to play VitaBench's rubric judge")
     if user is None:
-        raise ValueError("user: vita_path needs the simulated user's model (envace.chat_model.ChatModel)")
+        raise ValueError("user: vita_path needs the simulated user's model (envace.engines.chat_model.ChatModel)")
     try:
         tasks = vita.load_vita(_existing_file("vita_path", path))
     except ValueError as exc:

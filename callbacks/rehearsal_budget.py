@@ -31,10 +31,10 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_only
 
-from envace.private_rehearsal import Granularity, PrivateRehearsal, Selector
-from envace.progress import elapsed_text, ensure_handler
+from envace.rollout.private_rehearsal import Granularity, PrivateRehearsal, Selector
+from envace.runtime.progress import elapsed_text, ensure_handler
 
-report = rank_zero_only(logging.getLogger("envace.progress").info)
+report = rank_zero_only(logging.getLogger("envace.runtime.progress").info)
 """A progress line, logged on rank zero only."""
 
 MODES = ("parallel", "sequential")
@@ -138,7 +138,7 @@ class RehearsalBudgetAblation(L.Callback):
         """
         import torch
 
-        from envace.task_sets import load_task_set
+        from envace.builtin.task_sets import load_task_set
 
         ensure_handler()
         tasks = load_task_set(self.tasks_spec)[: self.limit]
@@ -173,8 +173,8 @@ class RehearsalBudgetAblation(L.Callback):
 
         import torch
 
+        from envace.rewards.scoring import score_episodes
         from envace.rollout.rehearsing import RehearsingRunner
-        from envace.scoring import score_episodes
 
         torch.manual_seed(self.seed)
         config = replace(module.evaluator.rollout)

@@ -1,5 +1,5 @@
 """``python -m envace`` runs the ``envace`` command."""
 
-from envace.command import main
+from envace.cli.command import main
 
 main()

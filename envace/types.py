@@ -278,7 +278,7 @@ class Rehearsal:
         real: the real environment's response to this call in this episode's state, when known (the real or cached
             answer itself, or an audit replay of a rehearsed episode); the target of grounding and shaping.
         probe: the live fidelity score of the policy's shadow rehearsal of a real or cached answer (an object with
-            the ``envace.fidelity.ProbeScore`` fields), never shown to the act role.
+            the ``envace.world_model.fidelity.ProbeScore`` fields), never shown to the act role.
         request: the request as the world received it (history included), kept for grounding rows.
     """
 
@@ -355,7 +355,7 @@ class Episode:
         reward: task reward (the act role's reward).
         success: the task's success specification is fully met (score 1), whatever the reward configuration.
         audit: the replay of this episode's calls in the real environment, when it was audited
-            (``envace.audit.AuditResult``).
+            (``envace.world_model.audit.AuditResult``).
         call_steps: ``(user turn, the valid calls of one act turn)`` for each act turn that made calls: the calls
             grouped by user turn and step, as multi-turn benchmarks score them.
         private_memory: ``(act turn, memory text)`` for each committed act turn that private rehearsal preceded: the

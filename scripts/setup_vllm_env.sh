@@ -15,6 +15,6 @@ FL="${PIP_FIND_LINKS:-$(python3 -m pip config get global.find-links 2>/dev/null 
 $venv/bin/pip install -q "$uv_pin"
 $venv/bin/uv pip install -q --compile-bytecode --python $venv/bin/python ${FL:+--find-links "$FL"} \
     --no-deps -r requirements-vllm.lock -e .
-LD_PRELOAD="$PWD/$venv/lib/libiomp5.so" $venv/bin/python -c "import vllm, envace.rollout.vllm_engine" 2>/dev/null \
+LD_PRELOAD="$PWD/$venv/lib/libiomp5.so" $venv/bin/python -c "import vllm, envace.engines.vllm_engine" 2>/dev/null \
   || { echo "setup_vllm_env.sh: vLLM does not import in $venv" >&2; exit 1; }
 touch "$stamp"

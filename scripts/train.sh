@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The embedded demo (tiny policy, built-in bank domain, CPU, about 7 minutes on 2 idle cores): SFT warm start, EnvACE
 # rehearsal RL with no real tool call, then a real-environment test of both checkpoints, printed as a table.
-# Extra arguments go to `python -m envace.demo`, e.g. scripts/train.sh --rl=--trainer.max_steps=100
+# Extra arguments go to `python -m envace.cli.demo`, e.g. scripts/train.sh --rl=--trainer.max_steps=100
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
@@ -14,4 +14,4 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"
 # branch, oneDNN capped at AVX2. Set any of them to choose otherwise (e.g. ATEN_CPU_CAPABILITY=avx512).
 export ATEN_CPU_CAPABILITY="${ATEN_CPU_CAPABILITY:-avx2}" MKL_CBWR="${MKL_CBWR:-AVX2}"
 export ONEDNN_MAX_CPU_ISA="${ONEDNN_MAX_CPU_ISA:-AVX2}"
-exec .venv/bin/python -m envace.demo "$@"
+exec .venv/bin/python -m envace.cli.demo "$@"

@@ -55,7 +55,7 @@ def smollm2_dir(tmp_path_factory) -> str:
     """
     from filelock import FileLock
 
-    from envace.models import packaged_gguf, prepare
+    from envace.policy.packaged import packaged_gguf, prepare
 
     reuse = os.environ.get("ENVACE_TEST_SMOLLM2")
     if not reuse:

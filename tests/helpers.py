@@ -1,6 +1,6 @@
 """Test helpers: a scripted generation engine for driving the rollout state machine without a model.
 
-``ScriptedEngine`` implements ``envace.rollout.engine.Engine``: it answers every prompt with the next entry of a
+``ScriptedEngine`` implements ``envace.engines.base.Engine``: it answers every prompt with the next entry of a
 predetermined script (in call order, prompts of one call in order), encoded with the policy tokenizer, and records
 everything it was asked. Use one engine for the act role and another (passed as ``world_engine``) for the rehearse
 role to script the two roles separately.
@@ -16,8 +16,8 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from envace.engines.base import Generation, SamplingParams
 from envace.policy.chat import encode
-from envace.rollout.engine import Generation, SamplingParams
 
 RELEASE = threading.Event()
 """What a deliberately hung tool waits on in the fault tests; set after every test (tests/conftest.py), so no worker
@@ -358,17 +358,17 @@ def shared_rows(prefix_len: int, tails: list[int], first_scored: int) -> tuple[A
 
 
 def counting_prefix_passes() -> tuple[list[int], Any]:
-    """A patch of ``envace.logprobs.prefix_states`` that records the length of every shared prefix computed, and
+    """A patch of ``envace.policy.logprobs.prefix_states`` that records the length of every shared prefix computed, and
     that record."""
     from unittest import mock
 
-    import envace.logprobs
+    import envace.policy.logprobs
 
     calls: list[int] = []
-    real = envace.logprobs.prefix_states
+    real = envace.policy.logprobs.prefix_states
 
     def counted(model: Any, input_ids: Any, attention_mask: Any) -> Any:
         calls.append(input_ids.shape[1])
         return real(model, input_ids, attention_mask)
 
-    return calls, mock.patch.object(envace.logprobs, "prefix_states", counted)
+    return calls, mock.patch.object(envace.policy.logprobs, "prefix_states", counted)

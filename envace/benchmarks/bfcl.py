@@ -506,7 +506,7 @@ def evaluate_multi_turn(entries: list[BFCLEntry], engine: Any, tokenizer: Any, r
     (``bfcl_loop.BFCLRules``): bfcl-eval's decoder for envace's ``<tool_call>`` format, every decoded call executed
     (no schema or name check), and the force-quit of a turn after its 21st step. ``rollout``'s own budgets (turns,
     calls, context) still apply; an episode they end before its last turn is force-terminated for BFCL.
-    ``rehearsal`` (``envace.private_rehearsal.PrivateRehearsal``) makes the policy rehearse privately before its
+    ``rehearsal`` (``envace.rollout.private_rehearsal.PrivateRehearsal``) makes the policy rehearse privately before its
     committed turns, with ``selector`` choosing what it commits; the real environment sees committed calls only.
     """
     from envace.benchmarks.bfcl_loop import BFCLRules, result_entry, unwritable, warn_unwritable

@@ -315,7 +315,7 @@ def check_entry(entry: ASTEntry, calls: list[dict[str, Any]] | None) -> dict[str
 
 def prompt_ids(entry: ASTEntry, tokenizer: Any) -> list[int]:
     """The entry's prompt tokens: its messages and tools in the tokenizer's chat template, generation prompt added."""
-    from envace.rollout.stream import prompt_stream
+    from envace.engines.stream import prompt_stream
 
     return prompt_stream(tokenizer, [dict(m) for m in entry.messages], list(entry.tools)).ids
 
@@ -353,7 +353,7 @@ def evaluate_single_turn(entries: list[ASTEntry], engine: Any, tokenizer: Any, m
         failed entry with error type ``ast_checker:exception``.
     """
     from envace.benchmarks.bfcl_loop import unwritable, warn_unwritable
-    from envace.rollout.engine import SamplingParams
+    from envace.engines.base import SamplingParams
 
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
     outputs = generate_outputs(entries, engine, tokenizer, params, batch_size)
@@ -517,7 +517,7 @@ class GoldASTEngine:
         Raises:
             KeyError: a prompt of no known entry.
         """
-        from envace.rollout.engine import Generation
+        from envace.engines.base import Generation
 
         return [Generation(list(self._next(tuple(p))), True) for p in prompts]
 

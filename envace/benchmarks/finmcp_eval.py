@@ -251,7 +251,7 @@ def step_prompts(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dic
                  ends: Sequence[int]) -> list[list[int]]:
     """Prompt ids of each prefix ``messages[:end]`` plus the generation prompt, rendered once, incrementally.
 
-    The ids are ``envace.rollout.stream.prompt_stream(tokenizer, messages[:end], tools).ids`` for each ``end`` (each
+    The ids are ``envace.engines.stream.prompt_stream(tokenizer, messages[:end], tools).ids`` for each ``end`` (each
     message's template delta encoded on its own, consecutive tool messages as one segment, then the generation
     prompt's delta), but the dialogue is rendered and encoded once for all its steps rather than once per step, which
     grows with the square of the dialogue's length (about 5x slower on a 12-step dialogue).
@@ -382,7 +382,7 @@ def evaluate_finmcp(
         ValueError: no records, duplicate ids, a record without a gold assistant message, a malformed schema or gold
             call, a non-positive ``batch_size`` or ``max_prompt_tokens``.
     """
-    from envace.rollout.engine import SamplingParams
+    from envace.engines.base import SamplingParams
 
     if batch_size < 1 or max_prompt_tokens < 1:
         raise ValueError(f"evaluate_finmcp: batch_size ({batch_size}) and max_prompt_tokens ({max_prompt_tokens}) "

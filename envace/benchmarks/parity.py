@@ -340,7 +340,7 @@ def _needs_judge(task: Any) -> bool:
 
 def _envace_tau2(case: Case, tokenizer: Any) -> tuple[float, str]:
     from envace.benchmarks.scripted import ScriptedPolicy
-    from envace.users import ScriptedUser
+    from envace.worlds.users import ScriptedUser
 
     domain, mode = case.category.split("/")
     (task,) = tau2.load_tasks(domain, "base", ids=[case.entry_id])

@@ -24,8 +24,8 @@ class ScriptedPolicy:
         Raises:
             ValueError: more than one prompt (one episode at a time), or the script is exhausted.
         """
+        from envace.engines.base import Generation
         from envace.policy.chat import encode
-        from envace.rollout.engine import Generation
 
         if len(prompts) > 1 or (prompts and not self.script):
             raise ValueError(f"{type(self).__name__} serves one episode at a time, for as many act turns as its "

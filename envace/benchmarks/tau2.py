@@ -14,9 +14,9 @@ its instructions say to stop with it; a message with a ``done`` call is the stop
 a plain-text message that is not a stop is an agent error (reward 0).
 
 Every domain also runs in **user mode**: a simulated user played by a local Hugging Face model of the user's choice
-(``envace.users.ModelUser`` with tau^2's own guidelines and the task's user scenario; in telecom the user operates
-the phone's tools). Scores then depend on that model, as upstream they depend on gpt-4.1: say which one with every
-number. ``null_trajectory`` is the do-nothing policy whose score is the
+(``envace.worlds.users.ModelUser`` with tau^2's own guidelines and the task's user scenario; in telecom the user
+operates the phone's tools). Scores then depend on that model, as upstream they depend on gpt-4.1: say which one with
+every number. ``null_trajectory`` is the do-nothing policy whose score is the
 benchmark's floor (refusal tasks pass without any call), printed next to every score.
 """
 
@@ -518,12 +518,13 @@ def evaluate(tasks: list[Any], engine: Any, tokenizer: Any, domain: str = "telec
         tokenizer: the policy's tokenizer.
         domain: the tasks' domain.
         mode: ``solo`` (telecom, no user) or ``user`` (a simulated user writes the user turns).
-        user: in ``user`` mode, the simulated user: a model (``envace.chat_model.ChatModel``, a local checkpoint;
+        user: in ``user`` mode, the simulated user: a model (``envace.engines.chat_model.ChatModel``, a local
+        checkpoint;
             tau^2's own guidelines are its instructions, and in telecom it operates the phone), or any
-            ``envace.users.UserSimulator`` (e.g. a scripted one).
+            ``envace.worlds.users.UserSimulator`` (e.g. a scripted one).
         rollout: budgets (default: greedy, 64k context, no turn or call budget below tau^2's own limits).
         trials: episodes per task (pass^k for k up to ``trials``).
-        rehearsal: private rehearsal before committed turns (``envace.private_rehearsal.PrivateRehearsal``);
+        rehearsal: private rehearsal before committed turns (``envace.rollout.private_rehearsal.PrivateRehearsal``);
             rehearsal never reaches the environment.
         selector: what a rehearsal commits (default: the act role writes the turn with the memory).
         max_steps: the Orchestrator's step limit (tau^2's default 200).
@@ -542,14 +543,14 @@ def evaluate(tasks: list[Any], engine: Any, tokenizer: Any, domain: str = "telec
     from envace.benchmarks.passk import pass_hat_k
     from envace.rollout.rehearsing import make_runner
     from envace.rollout.runner import RolloutConfig
-    from envace.users import ModelUser
+    from envace.worlds.users import ModelUser
 
     require_tau2()
     solo = mode == "solo"
     converted = [to_task(t, domain, mode) for t in tasks for _ in range(trials)]
     if not solo and user is None:
-        raise ValueError("tau^2 user mode needs a user: a model (envace.chat_model.ChatModel over a local "
-                         "checkpoint) or an envace.users.UserSimulator")
+        raise ValueError("tau^2 user mode needs a user: a model (envace.engines.chat_model.ChatModel over a local "
+                         "checkpoint) or an envace.worlds.users.UserSimulator")
     config = rollout or RolloutConfig(act_temperature=0.0, max_turns=max_steps, max_tool_calls=100_000,
                                       max_context_tokens=65536)
     config = replace(config, validate_calls=False)  # tau^2's tools answer bad arguments and unknown names themselves

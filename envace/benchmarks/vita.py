@@ -65,7 +65,7 @@ instructions describe.
 instructions; if asked for something you do not know, say so.
 - Keep your requirements even if the assistant suggests changing them.
 - When everything is done correctly, or the assistant says it cannot be done, write ###STOP###."""
-"""Simulation guidelines after VitaBench's user simulator prompt (for ``envace.users.ModelUser(guidelines=...)``)."""
+"""Simulation guidelines after VitaBench's user simulator prompt (``envace.worlds.users.ModelUser(guidelines=...)``)."""
 
 
 # ---------------------------------------------------------------------------------------------------------------------

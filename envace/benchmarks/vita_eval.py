@@ -23,13 +23,13 @@ from typing import Any
 
 from envace.benchmarks.vita import USER_GUIDELINES, VitaTask, to_task
 from envace.benchmarks.vita_scoring import RubricJudge, Verdict, summarise
-from envace.chat_model import ChatModel
+from envace.engines.base import Engine
+from envace.engines.chat_model import ChatModel
 from envace.envs.real import RealEnvironment
-from envace.rollout.engine import Engine
 from envace.rollout.runner import EpisodeRunner, RolloutConfig
 from envace.types import Episode, EpisodeStats, Task
-from envace.users import ModelUser, UserSimulator
 from envace.worlds.real import RealWorld
+from envace.worlds.users import ModelUser, UserSimulator
 
 DEFAULT_ROLLOUT = RolloutConfig(act_temperature=0.0, max_turns=60, max_tool_calls=150, max_context_tokens=131072,
                                 act_max_new_tokens=2048, max_user_turns=30)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from envace.benchmarks.vita import VitaTask, time_with_weekday
 
 if TYPE_CHECKING:
-    from envace.chat_model import ChatModel
+    from envace.engines.chat_model import ChatModel
 
 # ---------------------------------------------------------------------------------------------------------------------
 # The official score: the sliding-window rubric judge

@@ -13,6 +13,8 @@ Two domains ship, each with four splits (``docs/builtin-domain.md``):
 ``python -m envace.builtin.desk_tasks`` regenerate them. ``builtin:NAME:N`` generates the first ``N`` tasks of a
 split instead (deterministic; the packaged file holds the first ones), e.g. ``builtin:bank:2000`` for more
 demonstrations.
+
+May import: envace.data and the packages below it.
 """
 
 from __future__ import annotations

@@ -1,1 +1,7 @@
-"""Task data: the JSONL task format and its loader (``envace.data.tasks``)."""
+"""The task format.
+
+The task format: JSONL task files, their schema, validation and rendering (``tasks``), and the reference
+trajectories' format (``reference_format``). It knows no domain and no model.
+
+May import: envace.types, envace.errors, envace.runtime, envace.envs, envace.roles.
+"""

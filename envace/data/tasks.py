@@ -81,7 +81,7 @@ def load_tasks(path: str | Path, *, limit: int | None = None) -> list[Task]:
     """Load and validate a JSONL task file (blank lines skipped).
 
     Args:
-        path: the file (``envace.task_sets.load_task_set`` also reads ``builtin:NAME``, ``reference:PATH`` and
+        path: the file (``envace.builtin.task_sets.load_task_set`` also reads ``builtin:NAME``, ``reference:PATH`` and
             ``PATH:N``).
         limit: stop after this many tasks (the lines after them are neither read nor checked); None reads all.
 
@@ -92,7 +92,7 @@ def load_tasks(path: str | Path, *, limit: int | None = None) -> list[Task]:
     if not path.is_file():
         named = str(path).startswith(("builtin:", "reference:", "reference-lenient:"))
         raise TaskFormatError(f"task file not found: {path}" + (
-            " (a task set name: envace.task_sets.load_task_set reads it)" if named else ""))
+            " (a task set name: envace.builtin.task_sets.load_task_set reads it)" if named else ""))
     data = path.read_bytes()
     try:
         lines = data.decode("utf-8").split("\n")  # not splitlines(): JSON strings may hold U+2028, U+0085 raw

@@ -1,7 +1,9 @@
-"""Loss terms of EnvACE training (pure tensor code: torch and envace.types only).
+"""Loss terms of EnvACE training (pure tensor code).
 
-Re-exports the token aggregators, the clipped policy loss, the k3 KL, the alignment NLL and the combined
-objective.
+Loss terms of EnvACE training (pure tensor code): the token aggregators, the clipped policy loss, the k3 KL, the
+alignment NLL and the combined objective.
+
+May import: envace.types, envace.errors.
 """
 
 from envace.losses.aggregation import ConstantNorm, SeqMeanTokenMean, TokenAggregator, TokenMean, role_weights

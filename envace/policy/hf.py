@@ -347,7 +347,7 @@ def _offline_errors(name: str) -> Iterator[None]:
     except OSError as err:
         if os.path.isdir(name):
             raise
-        from envace.models import PACKAGED  # a packaged model's directory is made by `envace prepare-model`
+        from envace.policy.packaged import PACKAGED  # a packaged model's directory is made by `envace prepare-model`
 
         packaged = os.path.basename(os.path.normpath(name))
         hint = f" (prepare it first: envace prepare-model {packaged} --out {name})" if packaged in PACKAGED else ""

@@ -77,9 +77,9 @@ def domain_corpus(max_tasks: int = 96, domain: str = "bank") -> list[str]:
         call (the rehearse role's chat with the real response), rendered with a byte-level stand-in tokenizer that
         carries the same chat template.
     """
+    from envace.builtin.task_sets import resolve_task_path
     from envace.data.tasks import load_tasks, reference_steps
     from envace.roles.rehearse import build_rehearse_messages, default_system_prompt, format_result
-    from envace.task_sets import resolve_task_path
 
     stand_in = _untrained_tokenizer()
     texts = []

@@ -1,1 +1,4 @@
-"""Packaged prompt texts."""
+"""Packaged prompt texts: the rehearse role's system prompt, read as a file.
+
+May import: nothing (data only).
+"""

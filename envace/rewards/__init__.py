@@ -1,4 +1,10 @@
-"""Rewards of finished episodes (pluggable by ``class_path``) and the rehearse-role shaping term."""
+"""Rewards of finished episodes.
+
+Rewards of finished episodes (pluggable by ``class_path``), the rehearse-role shaping term, and scoring a batch of
+episodes with them (``scoring``).
+
+May import: envace.worlds and the packages below it (not envace.rollout: rewards read finished episodes).
+"""
 
 from envace.rewards.base import Reward
 from envace.rewards.checklist import ChecklistReward, HTTPJudge, LocalJudge, ScriptedJudge

@@ -10,7 +10,7 @@ judge request per (step, standard), the verdict a strict JSON object (``parse_ve
 turn if some step satisfies it (see ``ChecklistReward`` for the formula). Judges:
 
 - ``ScriptedJudge``: answers from a function or a table (tests);
-- ``LocalJudge``: a local Hugging Face model through ``envace.chat_model.ChatModel``;
+- ``LocalJudge``: a local Hugging Face model through ``envace.engines.chat_model.ChatModel``;
 - ``HTTPJudge``: an OpenAI-compatible ``/v1/chat/completions`` server run by the user (standard library only).
 
 Differences from the reference implementation:
@@ -47,7 +47,7 @@ from envace.roles.parsing import loads_json
 from envace.types import Episode, error_text, is_error_value, unreward
 
 if TYPE_CHECKING:
-    from envace.chat_model import ChatModel
+    from envace.engines.chat_model import ChatModel
 
 log = logging.getLogger(__name__)
 
@@ -826,7 +826,7 @@ def judging_failed(episode: Episode) -> bool:
 def mask_groups_with_failed_judging(episodes: Sequence[Episode]) -> int:
     """Fail every episode of a GRPO group (``group_index``) in which judging failed for some episode.
 
-    Call after ``envace.scoring.score_episodes`` and before the advantages: a group whose judge was partly
+    Call after ``envace.rewards.scoring.score_episodes`` and before the advantages: a group whose judge was partly
     unavailable is dropped whole rather than given a baseline from the episodes that happened to be judged. Masked
     episodes are unrewarded as the scorer unrewards failed ones (reward 0, row rewards NaN; ``Episode.samples`` is
     then empty).

@@ -8,35 +8,9 @@ indices from the root and an empty object or array is itself a leaf. Identical v
 from __future__ import annotations
 
 import json
-from typing import Any
 
-from envace.rewards.task_success import canonical_value
+from envace.roles.compare import json_leaves, leaf_f1  # noqa: F401  (re-exported: envace.rewards.leaf_f1)
 from envace.types import Rehearsal
-
-Path = tuple[str | int, ...]
-
-
-def json_leaves(value: Any, path: Path = ()) -> set[tuple[Path, str]]:
-    """The ``(path, canonical leaf value)`` pairs of a JSON value (empty containers are leaves)."""
-    if isinstance(value, dict) and value:
-        return {leaf for key, item in value.items() for leaf in json_leaves(item, (*path, key))}
-    if isinstance(value, list) and value:
-        return {leaf for index, item in enumerate(value) for leaf in json_leaves(item, (*path, index))}
-    return {(path, canonical_value(value))}
-
-
-def leaf_f1(predicted: Any, reference: Any) -> float:
-    """F1 between the leaf sets of two JSON values; identical values give 1.0, values sharing no leaf give 0.0.
-
-    Leaf sets are never empty (a scalar or an empty container is one leaf), so the F1 is always defined.
-
-    Args:
-        predicted: the rehearsed value.
-        reference: the real value.
-    """
-    pred, ref = json_leaves(predicted), json_leaves(reference)
-    common = len(pred & ref)
-    return 2 * common / (len(pred) + len(ref))
 
 
 class PredictionErrorShaping:

@@ -8,25 +8,8 @@ whitespace).
 
 from __future__ import annotations
 
-import math
-from typing import Any
-
-from envace.types import Episode, ExpectedAnswer, ExpectedCall, SuccessSpec, Task, ToolCall, canonical_json
-
-
-def _integral_floats_to_int(value: Any) -> Any:
-    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-        return int(value)
-    if isinstance(value, dict):
-        return {k: _integral_floats_to_int(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_integral_floats_to_int(v) for v in value]
-    return value
-
-
-def canonical_value(value: Any) -> str:
-    """Canonical JSON of ``value`` with integral floats written as ints (``1.0`` and ``1`` give ``"1"``)."""
-    return canonical_json(_integral_floats_to_int(value))
+from envace.roles.compare import canonical_value
+from envace.types import Episode, ExpectedAnswer, ExpectedCall, SuccessSpec, Task, ToolCall
 
 
 def call_matches(expected: ExpectedCall, call: ToolCall) -> bool:

@@ -1,6 +1,7 @@
 """The rehearsing runner: ``EpisodeRunner`` with private rehearsal before committed act turns.
 
-See ``envace.private_rehearsal`` for the procedure. Imagined attempts are forks of an episode's live state (its token
+See ``envace.rollout.private_rehearsal`` for the procedure. Imagined attempts are forks of an episode's live state (its
+token
 stream, transcript and messages) whose calls are answered by the policy's rehearse role (a ``RehearseWorld``):
 the real environment is never called for them. The committed turn is generated from the real token stream with the
 memory message spliced in before the generation prompt (the stream's own ids are kept, never re-tokenised), or is
@@ -16,17 +17,17 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from envace.engines.base import Engine, Generation, SamplingParams
+from envace.engines.stream import TokenStream, context_stream
 from envace.policy.chat import decode, encode, render
-from envace.private_rehearsal import Attempt, JudgedCommit, MemoryCommit, PrivateRehearsal, Selector, attempt_of
-from envace.private_rehearsal import memory_text as format_memory
-from envace.rollout.engine import Engine, Generation, SamplingParams
+from envace.rollout.private_rehearsal import Attempt, JudgedCommit, MemoryCommit, PrivateRehearsal, Selector, attempt_of
+from envace.rollout.private_rehearsal import memory_text as format_memory
 from envace.rollout.rules import LoopRules
 from envace.rollout.runner import EpisodeRunner, RolloutConfig, _Live
-from envace.rollout.stream import TokenStream, context_stream
 from envace.types import Episode, Role, Task
-from envace.users import UserSimulator
 from envace.worlds.base import World
 from envace.worlds.rehearse import RehearseWorld
+from envace.worlds.users import UserSimulator
 
 JUDGE_PROMPT = (
     "You review an attempt an assistant imagined before acting. The tool responses in it were predicted, not "

@@ -19,15 +19,15 @@ from typing import Any, Literal
 
 from transformers import PreTrainedTokenizerBase
 
+from envace.engines.base import ContinuousEngine, Engine, Generation, SamplingParams, sessions
+from envace.engines.stream import RenderDiverged, TokenStream, append_messages, context_stream
+from envace.engines.vllm_engine import VLLMOptions
 from envace.policy.chat import TemplateError, decode
 from envace.roles.parsing import CallError, validate_call
-from envace.rollout.engine import ContinuousEngine, Engine, Generation, SamplingParams, sessions
 from envace.rollout.rules import LoopRules
-from envace.rollout.stream import RenderDiverged, TokenStream, append_messages, context_stream
-from envace.rollout.vllm_engine import VLLMOptions
 from envace.types import Episode, Rehearsal, Role, Sample, Task, ToolCall, error_text
-from envace.users import UserRequest, UserSimulator
 from envace.worlds.base import ToolReply, ToolRequest, World, failed_reply
+from envace.worlds.users import UserRequest, UserSimulator
 
 ErrorPolicy = Literal["feedback", "end"]
 RerenderPolicy = Literal["new_row", "error"]
@@ -71,7 +71,7 @@ class RolloutConfig:
             evicted); each costs its keys and values (``2 x layers x kv_heads x head_dim`` values per token).
         cache_tokens: with the cached engine, most tokens those sequences hold together (least recently used
             evicted first): the bound on the store's memory whatever the batch or the sequences' length
-            (``envace.memory`` counts it in the peak estimate). 0: no token bound (``cache_entries`` alone).
+            (``envace.training.memory`` counts it in the peak estimate). 0: no token bound (``cache_entries`` alone).
         on_rerender: what happens when the chat template rewrites text already in the act row as a message is
             added (Qwen3 drops the reasoning of turns before the last user message): ``new_row`` (the EnvACE
             authors' behaviour) closes the row and starts the next generation in a new row from the re-rendered
@@ -193,7 +193,8 @@ class EpisodeRunner:
             any_active: cross-rank reduction of "some episode is still running" for sharded models: every rank then
                 runs the same number of micro-steps and joins each batched generation, with a one-token dummy
                 prompt when it has nothing to generate. None on a single process.
-            user: writes the user's turns after the scripted ones of tasks with ``Task.user`` (``envace.users``); it
+            user: writes the user's turns after the scripted ones of tasks with ``Task.user`` (``envace.worlds.users``);
+            it
                 generates with its own model, never the policy's engine.
             turn_gate: called when the act role has answered a user turn and another would follow; False ends the
                 episode there (``gate_stop``), as the EnvACE authors end a conversation whose required checklist

@@ -1,7 +1,10 @@
 """Worlds answer the act role's tool calls.
 
-Rehearsed by the policy, executed for real, played by a frozen model, answered from recorded responses, or a
-scheduled mix of these (``HybridWorld``).
+Worlds answer the act role's tool calls: rehearsed by the policy, executed for real, played by a frozen model,
+answered from recorded responses, or a scheduled mix of these (``HybridWorld``); and the simulated users of
+user-mode tasks (``users``).
+
+May import: envace.engines and the packages below it.
 """
 
 from envace.worlds.base import ToolReply, ToolRequest, World

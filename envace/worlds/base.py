@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from envace.rollout.engine import Engine, SamplingParams
+from envace.engines.base import Engine, SamplingParams
 from envace.types import Sample, Task, ToolCall, error_text
 
 
@@ -55,8 +55,9 @@ class ToolReply:
         real_calls: real executions this answer cost (a hybrid world first replays the calls its real environment
             has not seen, so its state matches the episode's).
         real_content: the real environment's response, when the answer is real or cached (grounding target).
-        probe: the live fidelity score of the policy's shadow rehearsal of this call (``envace.fidelity.ProbeScore``).
-        timeouts: real tool calls behind this answer that exceeded the tool timeout (its content is then the timeout
+        probe: the live fidelity score of the policy's shadow rehearsal of this call
+        (``envace.world_model.fidelity.ProbeScore``). timeouts: real tool calls behind this answer that exceeded the
+        tool timeout (its content is then the timeout
             error, and ``real_content`` is None: an error of envace's making is no grounding target).
         failure: the episode cannot go on (its environment could not be built, raised outside a tool, or is unusable
             after a timeout): the cause, and the runner fails the episode (``EpisodeStats.failed``) instead of

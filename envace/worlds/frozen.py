@@ -7,8 +7,8 @@ import copy
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
+from envace.engines.base import Engine, HFEngine, SamplingParams
 from envace.policy.hf import Policy
-from envace.rollout.engine import Engine, HFEngine, SamplingParams
 from envace.worlds.base import ToolReply, ToolRequest
 from envace.worlds.rehearse import RehearseWorld
 

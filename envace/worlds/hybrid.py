@@ -12,7 +12,7 @@ draws one backend, reproducibly from ``(seed, step, episode, turn)``:
 
 Live fidelity probes: whenever a call is answered by the real environment or the cache, the policy's rehearse role
 also answers it (in the same batched generation as the rehearsed calls, never shown to the act role), and the two
-are scored (``envace.fidelity.ProbeScore``). The real answer also travels with the reply as a grounding target.
+are scored (``envace.roles.compare.ProbeScore``). The real answer also travels with the reply as a grounding target.
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ from typing import Any, Literal
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
+from envace.engines.base import Engine, SamplingParams
 from envace.envs.real import DEFAULT_TOOL_TIMEOUT_S, RealEnvironment
-from envace.rollout.engine import Engine, SamplingParams
+from envace.roles.compare import score_reply
 from envace.types import Task, ToolCall
 from envace.worlds.base import ToolReply, ToolRequest, failed_reply
 from envace.worlds.cache import ResponseCache
@@ -305,8 +306,6 @@ class HybridWorld:
             shadows = self.prompter.respond([requests[i] for i in probes], engine, params)
         for i, reply in zip(to_rehearse, rehearsed):
             replies[i] = reply
-        from envace.fidelity import score_reply  # here: envace.fidelity imports the worlds package
-
         for i, shadow in zip(probes, shadows):
             answered = replies[i]
             assert answered is not None and answered.real_content is not None

@@ -7,8 +7,8 @@ from typing import Any
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
+from envace.engines.base import Engine, SamplingParams
 from envace.envs.real import DEFAULT_TOOL_TIMEOUT_S, RealEnvironment
-from envace.rollout.engine import Engine, SamplingParams
 from envace.types import Task
 from envace.worlds.base import ToolReply, ToolRequest, failed_reply
 from envace.worlds.rehearse import RehearseWorld

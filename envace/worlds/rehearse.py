@@ -14,11 +14,11 @@ from typing import Any
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
+from envace.engines.base import Engine, Generation, SamplingParams
+from envace.engines.stream import TokenStream, prompt_stream
 from envace.policy.chat import decode
 from envace.roles.parsing import parse_execution_result
 from envace.roles.rehearse import build_rehearse_messages, default_system_prompt
-from envace.rollout.engine import Engine, Generation, SamplingParams
-from envace.rollout.stream import TokenStream, prompt_stream
 from envace.types import Role, Sample, Task
 from envace.worlds.base import ToolReply, ToolRequest, World
 

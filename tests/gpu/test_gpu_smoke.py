@@ -10,8 +10,8 @@ import pytest
 import torch
 from lightning.pytorch import Callback
 
-from envace.cli import cli_main as main
-from envace.module import EnvACEModule
+from envace.cli.lightning import cli_main as main
+from envace.training.module import EnvACEModule
 
 pytestmark = [
     pytest.mark.gpu,

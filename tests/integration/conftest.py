@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from envace.module import EnvACEModule
+from envace.engines.base import Generation, SamplingParams
 from envace.policy.chat import encode
-from envace.rollout.engine import Generation, SamplingParams
+from envace.training.module import EnvACEModule
 
 
 class ToolThenAnswer:

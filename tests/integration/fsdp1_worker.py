@@ -20,10 +20,10 @@ from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
-from envace.distributed import full_params_context
+from envace.engines.base import SamplingParams
+from envace.engines.kv_engine import CachedEngine
 from envace.policy import TinyPolicy
-from envace.rollout.engine import SamplingParams
-from envace.rollout.kv_engine import CachedEngine
+from envace.runtime.distributed import full_params_context
 
 
 class Unit(nn.Module):

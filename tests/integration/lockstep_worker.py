@@ -9,9 +9,9 @@ import sys
 import torch
 import torch.distributed as dist
 
+from envace.engines.base import HFEngine, SamplingParams
+from envace.engines.kv_engine import CachedEngine
 from envace.policy import TinyPolicy
-from envace.rollout.engine import HFEngine, SamplingParams
-from envace.rollout.kv_engine import CachedEngine
 
 
 def main(rank: int, port: int, kind: str) -> None:

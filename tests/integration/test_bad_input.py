@@ -8,7 +8,7 @@ from unittest import mock
 
 import pytest
 
-from envace.cli import cli_main as main
+from envace.cli.lightning import cli_main as main
 from envace.data.tasks import TaskFormatError
 
 TINY = str(Path(__file__).parents[2] / "lit_configs" / "tiny.yaml")

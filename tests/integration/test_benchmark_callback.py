@@ -15,14 +15,14 @@ from unittest import mock
 
 import pytest
 
-from envace.cli import cli_main as main
+from envace.cli.lightning import cli_main as main
 
 ROOT = Path(__file__).parents[2]
 TINY = str(ROOT / "lit_configs" / "tiny.yaml")
 sys.path.insert(0, str(Path(__file__).parent))
 from test_fit_tiny import _scalars  # noqa: E402
 
-TINY_USER = {"class_path": "envace.chat_model.ChatModel",
+TINY_USER = {"class_path": "envace.engines.chat_model.ChatModel",
              "init_args": {"policy": {"class_path": "envace.policy.TinyPolicy"}, "max_new_tokens": 8}}
 
 
@@ -118,7 +118,7 @@ def test_the_callback_scores_a_checkpoint_under_envace_test(tmp_path: Path) -> N
 
 def test_bad_settings_are_refused_by_name(tmp_path: Path) -> None:
     from callbacks.benchmark_eval import BenchmarkEvaluation
-    from envace.chat_model import ChatModel
+    from envace.engines.chat_model import ChatModel
     from envace.policy import TinyPolicy
 
     user = ChatModel(TinyPolicy(), max_new_tokens=8)
@@ -163,7 +163,7 @@ def _test_vita_module():
 def test_vitabench_runs_in_the_callback_with_a_stand_in_checkout(tmp_path: Path, monkeypatch, tiny_tokenizer) -> None:
     from callbacks.benchmark_eval import BenchmarkEvaluation
     from envace.benchmarks.scripted import ScriptedPolicy
-    from envace.chat_model import ChatModel
+    from envace.engines.chat_model import ChatModel
 
     tests = _test_vita_module()
     for name, text in tests.STAND_IN.items():

@@ -10,7 +10,7 @@ from unittest import mock
 import pytest
 from helpers import ScriptedEngine
 
-from envace.cli import cli_main
+from envace.cli.lightning import cli_main
 from envace.data.tasks import load_tasks
 from envace.rollout.runner import EpisodeRunner, RolloutConfig
 from envace.worlds import RealWorld

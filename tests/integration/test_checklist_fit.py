@@ -12,7 +12,7 @@ import pytest
 from helpers import make_row
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from envace.cli import cli_main
+from envace.cli.lightning import cli_main
 from envace.rewards import ChecklistReward, ScriptedJudge
 
 TINY = str(Path(__file__).parents[2] / "lit_configs" / "tiny.yaml")

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from envace.command import main
-from envace.noise import LOG_NOISE, WARNING_NOISE
+from envace.cli.command import main
+from envace.runtime.noise import LOG_NOISE, WARNING_NOISE
 
 ROOT = Path(__file__).parents[2]
 

@@ -8,9 +8,9 @@ from unittest import mock
 
 import pytest
 
-from envace.cli import ConfigCheckCLI
-from envace.cli import cli_main as main
-from envace.module import EnvACEModule
+from envace.cli.lightning import ConfigCheckCLI
+from envace.cli.lightning import cli_main as main
+from envace.training.module import EnvACEModule
 
 CONFIGS = sorted((Path(__file__).parents[2] / "lit_configs").glob("*.yaml"))
 
@@ -49,7 +49,7 @@ def test_cli_override_on_the_command_line() -> None:
 
 
 def test_unknown_class_path_is_a_one_line_parse_error(capsys: pytest.CaptureFixture[str]) -> None:
-    from envace.command import main as envace
+    from envace.cli.command import main as envace
 
     with pytest.raises(SystemExit) as done:
         envace(["fit", "--config", str(CONFIGS[0].parent / "tiny.yaml"), "--model.world=envace.worlds.NoSuchWorld"])

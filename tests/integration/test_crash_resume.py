@@ -15,7 +15,7 @@ import torch
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from envace.checkpoint import AtomicCheckpointIO, CheckpointError
+from envace.runtime.checkpoint import AtomicCheckpointIO, CheckpointError
 
 ROOT = Path(__file__).parents[2]
 KILLER = '''
@@ -148,9 +148,9 @@ def test_a_checkpoint_holding_code_is_refused(tmp_path: Path) -> None:
 
 def test_random_states_of_another_rank_count_are_not_applied() -> None:
     """Resuming on a different number of ranks restores everything but the random states, with a warning."""
-    from envace.checkpoint import rng_state
-    from envace.module import EnvACEModule
     from envace.policy import TinyPolicy
+    from envace.runtime.checkpoint import rng_state
+    from envace.training.module import EnvACEModule
 
     module = EnvACEModule(policy=TinyPolicy())
     with pytest.warns(UserWarning, match="random states of 2 rank"):

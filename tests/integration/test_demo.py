@@ -10,7 +10,7 @@ from unittest import mock
 import pytest
 import torch
 
-from envace import demo
+from envace.cli.lightning import demo
 from envace.worlds.rehearse import FORMAT_FILE
 
 ROOT = Path(__file__).parents[2]
@@ -43,7 +43,7 @@ def test_demo_runs_all_stages_and_prints_the_table(tmp_path: Path, capsys: pytes
     (rl_last,) = (tmp_path / "rl").rglob("last.ckpt")
     assert torch.load(sft_last, weights_only=True)["global_step"] == 3
     assert torch.load(rl_last, weights_only=True)["global_step"] == 2
-    from envace.command import main as envace
+    from envace.cli.command import main as envace
 
     envace(["export", "--config", str(ROOT / "lit_configs/tiny_rl.yaml"), "--ckpt_path", str(rl_last),
             "--out", str(tmp_path / "export"), f"--model.policy.init_args.name_or_path={tmp_path / 'sft/policy'}"])
@@ -83,7 +83,7 @@ def test_python_m_envace_demo_reports_its_stages_and_mistakes_in_one_line(tmp_pa
     import os
     import subprocess
 
-    run = subprocess.run([sys.executable, "-m", "envace.demo", "--out", str(tmp_path), "--sft-config",
+    run = subprocess.run([sys.executable, "-m", "envace.cli.demo", "--out", str(tmp_path), "--sft-config",
                           str(tmp_path / "missing.yaml")], capture_output=True, text=True, timeout=300,
                          env=dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1"))
     assert run.returncode == 2, run.stderr[-2000:]
@@ -94,7 +94,7 @@ def test_python_m_envace_demo_reports_its_stages_and_mistakes_in_one_line(tmp_pa
 
 def test_the_smollm2_preset_prepares_the_model_and_seeds_no_weights(monkeypatch: pytest.MonkeyPatch,
                                                                     tmp_path: Path) -> None:
-    import envace.models
+    import envace.policy.packaged
 
     fits: list[tuple[str, list[str]]] = []
     prepared: list[tuple[str, str]] = []
@@ -105,7 +105,7 @@ def test_the_smollm2_preset_prepares_the_model_and_seeds_no_weights(monkeypatch:
 
     monkeypatch.setattr(demo, "fit", fit)
     monkeypatch.setattr(demo, "evaluate", lambda *a, **k: {"success_act": 0.5})
-    monkeypatch.setattr(envace.models, "prepare", lambda gguf, out, *a: prepared.append((gguf.name, str(out))))
+    monkeypatch.setattr(envace.policy.packaged, "prepare", lambda gguf, out, *a: prepared.append((gguf.name, str(out))))
     demo.main(["--model", "smollm2", "--out", str(tmp_path), "--seed", "3", "--sft=--trainer.max_steps=2"])
     assert prepared == [("SmolLM2-135M-Instruct.Q4_1.gguf", "models/smollm2-135m-instruct")]
     (sft_config, sft), (rl_config, _) = fits
@@ -125,7 +125,7 @@ def test_the_tiny_desk_demo_trains_longer_and_runs_rl_past_the_gate_with_a_warni
 
     monkeypatch.setattr(demo, "fit", fit)
     monkeypatch.setattr(demo, "evaluate", lambda *a, **k: {"success_act": 0.5})
-    with caplog.at_level("WARNING", logger="envace.demo"):
+    with caplog.at_level("WARNING", logger="envace.cli.demo"):
         demo.main(["--domain", "desk", "--out", str(tmp_path), "--sft=--trainer.max_steps=7"])
     sft, rl = fits
     steps = [a for a in sft if a.startswith("--trainer.max_steps=")]
@@ -133,7 +133,7 @@ def test_the_tiny_desk_demo_trains_longer_and_runs_rl_past_the_gate_with_a_warni
     assert rl[-1] == "--model.fidelity_gate=null" and "below the fidelity gate" in caplog.text
     fits.clear()
     caplog.clear()
-    with caplog.at_level("WARNING", logger="envace.demo"):
+    with caplog.at_level("WARNING", logger="envace.cli.demo"):
         demo.main(["--out", str(tmp_path)])  # the bank keeps the gate and the 1000 steps
     assert "--trainer.max_steps=3000" not in fits[0] and "--model.fidelity_gate=null" not in fits[1]
     assert "fidelity gate" not in caplog.text

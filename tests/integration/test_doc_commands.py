@@ -187,13 +187,13 @@ RL_TINY = (*FAST, "--trainer.max_steps=2", "--trainer.log_every_n_steps=1", "--t
 TINY_FIT = ("--trainer.max_steps=2", "--trainer.limit_val_batches=0", *FAST)
 """lit_configs/tiny.yaml in 2 steps (it checkpoints last.ckpt at the end)."""
 DEMO_TINY = ("--eval-tasks", "2", *(f"--sft={a}" for a in SFT_TINY), *(f"--rl={a}" for a in RL_TINY))
-"""The demo (``python -m envace.demo``): both stages tiny, each split tested on 2 tasks."""
+"""The demo (``python -m envace.cli.demo``): both stages tiny, each split tested on 2 tasks."""
 EVAL_TINY = ("--bfcl-limit", "1", "--tau2-limit", "1", "--out", "runs/benchmarks/results.json")
 """benchmarks/evaluate_policy.py on the first entry of each BFCL category and one tau^2 task."""
 EVAL_MODEL_TINY = (*EVAL_TINY, "--bfcl-categories", "multi_turn_base", "simple_python", "irrelevance",
                    "--act-max-new-tokens", "4")
 """The same for a trained model: one multi-turn, one AST and the irrelevance category (long prompts elsewhere)."""
-TRAIN_SH = ".venv/bin/python -m envace.demo"
+TRAIN_SH = ".venv/bin/python -m envace.cli.demo"
 """What scripts/train.sh executes (after creating the venv): checked against the script."""
 
 
@@ -382,7 +382,7 @@ def bash_syntax(executes: str = "") -> Callable[[Path, list[str]], None]:
 def config_check(*config_args: str) -> Callable[[Path, list[str]], None]:
     """A check: the command's config and overrides parse and instantiate without weights (``ConfigCheckCLI``)."""
     def check(ws: Path, words: list[str]) -> None:
-        from envace.cli import ConfigCheckCLI, cli_main
+        from envace.cli.lightning import ConfigCheckCLI, cli_main
 
         args = [*config_args, *words[2:]]
         with mock.patch.object(sys, "argv", ["envace"]):
@@ -500,14 +500,14 @@ def qwen7b_config(ws: Path, words: list[str]) -> None:
 
 def packaged_model(ws: Path, words: list[str]) -> None:
     """A check: the named model is packaged and its wheel's GGUF file is installed."""
-    from envace.models import packaged_gguf
+    from envace.policy.packaged import packaged_gguf
 
     assert packaged_gguf(words[-1]).is_file()
 
 
 def demo_preset(ws: Path, words: list[str]) -> None:
     """A check: the demo's preset stages parse and instantiate with the demo's own overrides (no weights)."""
-    from envace.demo import PRESETS
+    from envace.cli.demo import PRESETS
 
     preset = PRESETS[words[words.index("--model") + 1]]
     for config, overrides in ((preset.sft_config, preset.sft_overrides), (preset.rl_config, preset.rl_overrides)):
@@ -541,15 +541,15 @@ REGISTRY: dict[str, Entry] = {
     DEMO_RL: run("demo", *DEMO_TINY, check=both(
         expect_output("| EnvACE (rehearse RL) | heldout |"),
         expect_files("runs/demo/results.md", "runs/demo/rl/policy/config.json")),
-                 why="train.sh executes `python -m envace.demo` (checked); the demo runs in process with both stages "
-                     "tiny (DEMO_TINY after the documented --rl=, so the later max_steps wins)"),
+                 why="train.sh executes `python -m envace.cli.demo` (checked); the demo runs in process with both "
+                     "stages tiny (DEMO_TINY after the documented --rl=, so the later max_steps wins)"),
     "scripts/train.sh": run("demo", same_as=DEMO_RL, parse=bash_syntax(TRAIN_SH),
                             why="what it executes runs in the entry above, with one more --rl= argument"),
-    "python -m envace.demo": run("demo", same_as=DEMO_RL, why="run by the train.sh entry, which executes it"),
-    "python -m envace.demo --seed N": run(
+    "python -m envace.cli.demo": run("demo", same_as=DEMO_RL, why="run by the train.sh entry, which executes it"),
+    "python -m envace.cli.demo --seed N": run(
         "demo", *DEMO_TINY, subs=(("N", "1"),), check=expect_output("| EnvACE (rehearse RL) | heldout |"),
         why="N: 1; both stages tiny, as in the train.sh entry"),
-    "python -m envace.demo --domain desk": run(
+    "python -m envace.cli.demo --domain desk": run(
         "demo", "--out", "runs/demo_desk", *DEMO_TINY, check=both(
             expect_output("| EnvACE (rehearse RL) | heldout |"),
             expect_files("runs/demo_desk/results.md", "runs/demo_desk/sft/policy/tokenizer.json")),
@@ -572,7 +572,7 @@ REGISTRY: dict[str, Entry] = {
     ".venv/bin/envace fit --config lit_configs/smollm2_sft.yaml": parse_only(
         "checks", config_check(), "hours on 2 cores (tests/integration/test_real_model.py trains its RL twin for 2 "
         "steps); checked: parses and instantiates without weights"),
-    ".venv/bin/python -m envace.demo --model smollm2 --out runs/demo_smollm2": parse_only(
+    ".venv/bin/python -m envace.cli.demo --model smollm2 --out runs/demo_smollm2": parse_only(
         "checks", demo_preset, "hours on 2 cores; checked: both stages parse with the demo's overrides"),
     ".venv/bin/python benchmarks/fidelity_per_tool.py NAME=DIR [NAME=DIR ...] [--tasks builtin:bank-test] "
     "[--dtype bfloat16|float32] [--chat-template chatml-tools]": parse_only(
@@ -617,13 +617,14 @@ REGISTRY: dict[str, Entry] = {
            "tiny config; tests/unit/test_private_rehearsal.py tests MajorityCommit)")
        for name, budgets, selector in (
            ("memory", "[0,2]", ""),
-           ("majority", "[2]", " --trainer.callbacks.selector=envace.private_rehearsal.MajorityCommit"))},
+           ("majority", "[2]", " --trainer.callbacks.selector=envace.rollout.private_rehearsal.MajorityCommit"))},
     **{".venv/bin/envace test --config lit_configs/smollm2_rl.yaml --model.policy.init_args.name_or_path=runs/"
        f"smollm2_bank/policy --data.test_tasks=builtin:bank-{split}:1 --model.eval_imagined=false "
        "--model.eval_fidelity=false --trainer.callbacks+=callbacks.rehearsal_budget.RehearsalBudgetAblation "
        f"{tasks}--trainer.callbacks.budgets={budgets} --trainer.callbacks.modes=[parallel] "
        f"--trainer.callbacks.batch_size=16 --trainer.callbacks.limit={limit} --trainer.callbacks.write_episodes=true "
-       f"--trainer.callbacks.selector=envace.private_rehearsal.MajorityCommit --trainer.default_root_dir=runs/{root}":
+       "--trainer.callbacks.selector=envace.rollout.private_rehearsal.MajorityCommit "
+       f"--trainer.default_root_dir=runs/{root}":
        parse_only("checks", config_check(), f"{minutes} minutes on 2 cores, needs the SmolLM2 warm start; checked: "
                   "parses and instantiates without weights (tests/integration/test_rehearsal_budget_callback.py runs "
                   "the callback on the tiny config)")
@@ -969,7 +970,8 @@ def test_the_rule_tells_commands_from_mentions() -> None:
     doc = "\n".join([
         "Run `envace fit --config a.yaml --trainer.max_steps=3`, then `envace test` or `envace fit ... --x`;",
         "the file `benchmarks/scaling.py`, the flag `--data.help X`, `HF_HUB_OFFLINE=1` and `lit_configs/tiny.yaml`",
-        "are not commands, `scripts/setup_env.sh` and `OMP_NUM_THREADS=1 python -m envace.demo` are, and so is `envace",
+        "are not commands, `scripts/setup_env.sh` and `OMP_NUM_THREADS=1 python -m envace.cli.demo` are, and so",
+        "is `envace",
         "fit --help` across a line break, and `benchmarks/scaling.py --steps 2`.",
         "```bash",
         "scripts/test.sh          # a comment",
@@ -986,7 +988,7 @@ def test_the_rule_tells_commands_from_mentions() -> None:
     assert [(s.line, s.command, s.kind) for s in shown_in(doc, "x.md")] == [
         (1, "envace fit --config a.yaml --trainer.max_steps=3", "inline"),
         (3, "scripts/setup_env.sh", "inline"),
-        (3, "OMP_NUM_THREADS=1 python -m envace.demo", "inline"),
+        (3, "OMP_NUM_THREADS=1 python -m envace.cli.demo", "inline"),
         (3, "envace fit --help", "inline"),
         (4, "benchmarks/scaling.py --steps 2", "inline"),
         (6, "scripts/test.sh", "block"),

@@ -10,8 +10,8 @@ from unittest import mock
 
 import pytest
 
-from envace.cli import cli_main as main
-from envace.task_sets import load_task_set
+from envace.builtin.task_sets import load_task_set
+from envace.cli.lightning import cli_main as main
 
 ROOT = Path(__file__).parents[2]
 TINY = str(ROOT / "lit_configs" / "tiny.yaml")

@@ -11,8 +11,8 @@ from unittest import mock
 import pytest
 import torch
 
-from envace.cli import cli_main
-from envace.command import main
+from envace.cli.command import main
+from envace.cli.lightning import cli_main
 from envace.worlds.rehearse import FORMAT_FILE
 
 TINY = str(Path(__file__).parents[2] / "lit_configs" / "tiny.yaml")
@@ -48,7 +48,7 @@ def test_a_lora_policy_exports_its_adapter_and_a_merged_model(tmp_path: Path) ->
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from envace.export import load_policy
+    from envace.cli.export import load_policy
     from envace.policy import TinyPolicy
 
     checkpoint = _fit(tmp_path / "run", LORA)
@@ -72,7 +72,7 @@ def test_a_lora_policy_exports_its_adapter_and_a_merged_model(tmp_path: Path) ->
 def test_a_fully_trained_policy_exports_a_merged_model_and_bad_exports_are_refused(tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
-    from envace.export import load_policy
+    from envace.cli.export import load_policy
 
     checkpoint = _fit(tmp_path / "run", THINK)
     out = tmp_path / "export"
@@ -95,7 +95,7 @@ def test_a_qlora_policy_exports_an_exact_adapter_and_a_requantised_merged_model(
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
-    from envace.export import load_policy
+    from envace.cli.export import load_policy
     from envace.policy.hf import keep_4bit_training_kernel
 
     qlora = ["--model.policy=envace.policy.HFPolicy", f"--model.policy.init_args.name_or_path={tiny_dir}",

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from helpers import RELEASE
 
-import envace.module
+import envace.training.module
 from envace.builtin.bank import Bank
-from envace.module import EnvACEModule
+from envace.training.module import EnvACEModule
 from envace.types import Episode
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -59,7 +59,7 @@ def faulty_bank(monkeypatch: pytest.MonkeyPatch) -> None:
 def _poison_loss(monkeypatch: pytest.MonkeyPatch, steps: set[int] | None) -> None:
     """The objective returns NaN in the optimiser steps numbered ``steps`` (0-based, counting skipped ones); None: in
     every step."""
-    objective, optimise = envace.module.envace_objective, EnvACEModule._optimise
+    objective, optimise = envace.training.module.envace_objective, EnvACEModule._optimise
     count, poisoned = [0], [False]
 
     def nan_objective(*args, **kwargs):
@@ -74,7 +74,7 @@ def _poison_loss(monkeypatch: pytest.MonkeyPatch, steps: set[int] | None) -> Non
         count[0] += 1
         return optimise(self, mb)
 
-    monkeypatch.setattr(envace.module, "envace_objective", nan_objective)
+    monkeypatch.setattr(envace.training.module, "envace_objective", nan_objective)
     monkeypatch.setattr(EnvACEModule, "_optimise", counted_optimise)
 
 
@@ -84,7 +84,7 @@ def test_a_run_survives_a_broken_environment_a_hung_tool_a_nan_reward_and_a_nan_
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     _poison_loss(monkeypatch, steps={0})
-    with caplog.at_level(logging.WARNING, logger="envace.module"):
+    with caplog.at_level(logging.WARNING, logger="envace.training.module"):
         cli = _fit(tmp_path, *REAL_WORLD, REWARDS)
     assert cli.trainer.global_step == 2  # the first optimiser step was skipped, the run went on to max_steps
     scalars = _scalars(tmp_path)
@@ -93,7 +93,7 @@ def test_a_run_survives_a_broken_environment_a_hung_tool_a_nan_reward_and_a_nan_
     assert scalars["train/failed_episodes"] == [2.0, 2.0, 2.0]
     assert scalars["train/tool_timeouts"] == [1.0, 1.0, 1.0]  # the hung call was answered with a timeout error
     assert len(scalars["train/loss"]) == 2 and all(math.isfinite(v) for v in scalars["train/loss"])
-    messages = [r.getMessage() for r in caplog.records if r.name == "envace.module"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "envace.training.module"]
     assert any("RealWorld.open: ConnectionError: database unreachable" in m for m in messages)
     assert any("reward NanForEpisodeFive: returned nan" in m for m in messages)
     assert len(messages) == 6  # once per cause per step

@@ -13,7 +13,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from envace.cli import cli_main as main
+from envace.cli.lightning import cli_main as main
 from envace.envs.real import RealEnvironment
 from envace.policy import TinyPolicy
 

@@ -10,9 +10,9 @@ from unittest import mock
 import pytest
 import torch
 
-from envace.cli import cli_main as main
-from envace.module import EnvACEModule
+from envace.cli.lightning import cli_main as main
 from envace.policy import TinyPolicy
+from envace.training.module import EnvACEModule
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_fit_tiny import _scalars  # noqa: E402
@@ -73,7 +73,7 @@ def test_imitation_term_trains_the_act_role_only(tmp_path: Path) -> None:
 
 
 def test_grpo_config_refuses_bad_values() -> None:
-    from envace.update import GRPOConfig
+    from envace.training.update import GRPOConfig
 
     with pytest.raises(ValueError, match="grpo.imitate_weight"):
         GRPOConfig(imitate_weight=-1.0)
@@ -198,8 +198,8 @@ def test_lr_schedule_steps_once_per_optimiser_step_and_real_calls_are_totalled(t
 def test_a_simulated_user_writes_the_later_user_turns_in_training(tmp_path: Path, scripted_act: None) -> None:
     import json
 
+    from envace.builtin.task_sets import resolve_task_path
     from envace.data.tasks import load_tasks, task_to_record
-    from envace.task_sets import resolve_task_path
 
     tasks = load_tasks(resolve_task_path("builtin:bank"))[:2]
     path = tmp_path / "user_tasks.jsonl"
@@ -223,7 +223,7 @@ def test_envace_test_runs_the_rehearsal_agent_with_a_budget_from_the_command_lin
     # imagined attempts (one act turn each), the majority of which is committed as it was generated
     cli = _run(tmp_path, "test", "--trainer.limit_test_batches=1", "--data.test_tasks=builtin:bank-test:4",
                "--model.test_rehearsal.rehearsals=2", "--model.test_rehearsal.horizon=1",
-               "--model.rehearsal_selector=envace.private_rehearsal.MajorityCommit",
+               "--model.rehearsal_selector=envace.rollout.private_rehearsal.MajorityCommit",
                "--model.rollout.rehearse_max_new_tokens=8")
     metrics = {k: float(v) for k, v in cli.trainer.callback_metrics.items()}
     assert metrics["test/private_rehearsals_per_episode"] == 4.0  # 2 committed turns x 2 attempts

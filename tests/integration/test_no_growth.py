@@ -15,7 +15,7 @@ import lightning as L
 import pytest
 import torch
 
-from envace.cli import EnvaceCLI, cli_main
+from envace.cli.lightning import EnvaceCLI, cli_main
 
 STEPS = 12
 
@@ -41,11 +41,11 @@ class StateCounter(L.Callback):
 
 @pytest.mark.parametrize("stage", ["rl", "sft"])
 def test_state_does_not_grow_over_a_run(tiny_dir, tmp_path, monkeypatch, stage) -> None:
-    import envace.alignment
+    import envace.world_model.alignment
 
     # the row caches are bounded (least recently used dropped) at 1024 tasks; bounded at 2 here, they are full after
     # the first step, so any later growth is a leak
-    monkeypatch.setattr(envace.alignment, "ROW_CACHE_TASKS", 2)
+    monkeypatch.setattr(envace.world_model.alignment, "ROW_CACHE_TASKS", 2)
     counter = StateCounter()
 
     class CountingCLI(EnvaceCLI):

@@ -27,7 +27,7 @@ def test_wheel_ships_callbacks_data_and_prompts(tmp_path: Path) -> None:
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     code = (
-        "import callbacks.rollout_samples as c, envace, envace.task_sets as t, envace.roles.rehearse as r;"
+        "import callbacks.rollout_samples as c, envace, envace.builtin.task_sets as t, envace.roles.rehearse as r;"
         f"assert c.__file__.startswith({str(site)!r}), c.__file__;"
         "assert len(t.load_task_set('builtin:bank')) > 0;"
         "assert 'tool environment' in r.default_system_prompt()"

@@ -15,10 +15,10 @@ from unittest import mock
 import pytest
 from helpers import ScriptedEngine
 
-from envace.cli import cli_main
+from envace.cli.lightning import cli_main
 from envace.data.tasks import load_tasks
+from envace.rewards.scoring import score_episodes
 from envace.rollout.runner import EpisodeRunner, RolloutConfig
-from envace.scoring import score_episodes
 from envace.worlds import RealWorld
 
 ROOT = Path(__file__).parents[2]

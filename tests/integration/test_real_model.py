@@ -16,13 +16,13 @@ import pytest
 from helpers import ScriptedEngine, call_text
 from transformers import AutoModelForCausalLM
 
-from envace.cli import cli_main as main
-from envace.models import MARKER
+from envace.builtin.task_sets import load_task_set
+from envace.cli.lightning import cli_main as main
+from envace.engines.base import HFEngine, SamplingParams
 from envace.policy import HFPolicy
+from envace.policy.packaged import MARKER
 from envace.rollout import runner as runner_module
-from envace.rollout.engine import HFEngine, SamplingParams
 from envace.rollout.runner import EpisodeRunner, RolloutConfig
-from envace.task_sets import load_task_set
 from envace.types import Role
 from envace.worlds import RehearseWorld
 

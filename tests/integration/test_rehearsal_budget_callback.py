@@ -11,7 +11,7 @@ from unittest import mock
 
 import pytest
 
-from envace.cli import cli_main as main
+from envace.cli.lightning import cli_main as main
 
 ROOT = Path(__file__).parents[2]
 TINY = str(ROOT / "lit_configs" / "tiny.yaml")
@@ -124,7 +124,7 @@ def test_a_stopped_ablation_keeps_the_settings_it_finished(tmp_path: Path, scrip
     args = ["test", "--config", TINY, f"--trainer.default_root_dir={tmp_path}", f"--trainer.callbacks={callback}",
             "--trainer.limit_test_batches=1", "--data.test_tasks=builtin:bank-test:2",
             "--model.rollout.rehearse_max_new_tokens=8"]
-    caplog.set_level(logging.INFO, logger="envace.progress")
+    caplog.set_level(logging.INFO, logger="envace.runtime.progress")
     with (mock.patch.object(sys, "argv", ["envace"]),
           mock.patch.object(RehearsalBudgetAblation, "_budget", stop_at_two),
           pytest.raises((KeyboardInterrupt, SystemExit))):

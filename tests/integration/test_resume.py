@@ -8,8 +8,8 @@ from unittest import mock
 
 import pytest
 
-from envace.cli import cli_main
-from envace.module import EnvACEModule
+from envace.cli.lightning import cli_main
+from envace.training.module import EnvACEModule
 
 TINY = str(Path(__file__).parents[2] / "lit_configs" / "tiny.yaml")
 

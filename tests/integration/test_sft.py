@@ -9,9 +9,9 @@ from unittest import mock
 import pytest
 import torch
 
-from envace.cli import cli_main
+from envace.cli.lightning import cli_main
 from envace.policy import HFPolicy
-from envace.sft import SFTModule
+from envace.training.sft import SFTModule
 
 SFT = str(Path(__file__).parents[2] / "lit_configs" / "tiny_sft.yaml")
 

@@ -9,7 +9,7 @@ from unittest import mock
 
 import pytest
 
-from envace.cli import cli_main
+from envace.cli.lightning import cli_main
 
 TINY = str(Path(__file__).parents[2] / "lit_configs" / "tiny.yaml")
 

@@ -1,5 +1,5 @@
 """A user's mistake ends ``envace`` with one line on stderr naming the file and line or key, exit status 2, and no
-traceback; ``ENVACE_DEBUG=1`` shows the traceback. Most cases run the command in-process (``envace.command.main``,
+traceback; ``ENVACE_DEBUG=1`` shows the traceback. Most cases run the command in-process (``envace.cli.command.main``,
 what the console script calls); one runs the real console script in a subprocess."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from envace.command import main
+from envace.cli.command import main
 
 ROOT = Path(__file__).parents[2]
 TINY = str(ROOT / "lit_configs" / "tiny.yaml")

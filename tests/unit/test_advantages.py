@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from envace.advantages import group_advantages, role_group_ids
+from envace.training.advantages import group_advantages, role_group_ids
 from envace.types import Role
 
 NAN = float("nan")

@@ -7,10 +7,10 @@ from functools import cache
 import pytest
 from torch import nn
 
-from envace.alignment import AlignmentRows, reference_steps
+from envace.builtin.task_sets import resolve_task_path
 from envace.data.tasks import load_tasks
-from envace.task_sets import resolve_task_path
 from envace.types import Role, Task, ToolCall
+from envace.world_model.alignment import AlignmentRows, reference_steps
 from envace.worlds.base import ToolRequest
 from envace.worlds.rehearse import RehearseWorld
 
@@ -118,7 +118,7 @@ def test_cache_returns_the_same_rows(world: RehearseWorld, tiny_tokenizer) -> No
 
 
 def test_demonstration_rows_render_each_task_once_and_follow_batch_positions(tiny_tokenizer, monkeypatch) -> None:
-    from envace.alignment import DemonstrationRows
+    from envace.world_model.alignment import DemonstrationRows
 
     calls = []
     render = tiny_tokenizer.apply_chat_template
@@ -162,7 +162,7 @@ def test_a_thinking_rehearse_role_trains_the_recorded_working_first(tiny_tokeniz
 
 
 def test_long_responses_count_the_working_only_when_thinking(tiny_tokenizer) -> None:
-    from envace.alignment import long_responses
+    from envace.world_model.alignment import long_responses
 
     task = bank()["bank-train-0002-transfer_target"]
     _, total, plain = long_responses([task], tiny_tokenizer, 1000)

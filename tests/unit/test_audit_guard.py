@@ -8,14 +8,14 @@ import pytest
 from helpers import ScriptedEngine
 from test_runner import CALL_A1, TASK, call_text, result_text
 
-from envace.audit import WorldAudit, replay, sim_to_real
-from envace.fidelity import is_error
-from envace.guard import CollusionGuard
-from envace.quality import WorldQuality
 from envace.rewards import ObservedAnswerSuccess, TaskSuccess
+from envace.rewards.scoring import score_episodes
 from envace.rollout.runner import EpisodeRunner, RolloutConfig
-from envace.scoring import score_episodes
 from envace.types import Episode, ExpectedAnswer, ExpectedCall, SuccessSpec
+from envace.world_model.audit import WorldAudit, replay, sim_to_real
+from envace.world_model.fidelity import is_error
+from envace.world_model.guard import CollusionGuard
+from envace.world_model.quality import WorldQuality
 from envace.worlds import HybridWorld, Mix, MixSchedule, RehearseWorld
 
 DEPOSIT = call_text("deposit", {"account": "A1", "amount": 5})

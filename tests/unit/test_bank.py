@@ -8,10 +8,10 @@ import pytest
 
 from envace.builtin.bank import Bank
 from envace.builtin.make_tasks import generate_tasks, main
+from envace.builtin.task_sets import load_task_set
 from envace.data.tasks import load_tasks, parse_task, reference_calls, task_to_record
 from envace.envs.real import EnvironmentClassError, RealEnvironment, import_class, tool_schemas_from_class
 from envace.rewards.task_success import task_score
-from envace.task_sets import load_task_set
 from envace.types import EnvSpec, ToolCall
 
 BANK = "envace.builtin.bank.Bank"

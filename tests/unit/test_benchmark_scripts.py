@@ -236,8 +236,8 @@ def test_evaluate_policy_engines_agree_and_a_template_can_be_set(tiny_dir: str, 
         assert re.fullmatch(r"progress: tau2 telecom solo pass\^1 [01]\.000 on 1 tasks, floor \d\.\d{3}, \d+ s",
                             progress[-1]), progress
     assert summaries[0] == summaries[1]  # greedy: the same tokens from either engine
+    from envace.engines.kv_engine import CachedEngine
     from envace.policy.templates import load_chat_template
-    from envace.rollout.kv_engine import CachedEngine
 
     engine, tokenizer = module.build_engine(tiny_dir, chat_template="chatml-tools")
     assert isinstance(engine, CachedEngine) and tokenizer.chat_template == load_chat_template("chatml-tools")

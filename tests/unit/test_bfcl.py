@@ -174,8 +174,8 @@ def test_a_tiny_random_policy_runs_end_to_end_deterministically(tiny_tokenizer) 
     import torch
 
     from envace.benchmarks.bfcl import evaluate_multi_turn
+    from envace.engines.base import HFEngine
     from envace.policy.tiny import build_model
-    from envace.rollout.engine import HFEngine
     from envace.rollout.runner import RolloutConfig
 
     model = build_model(tiny_tokenizer, hidden=32, layers=1, seed=0, max_positions=16384)
@@ -207,10 +207,10 @@ def test_split_holds_out_a_quarter_and_training_refuses_it() -> None:
 
 
 def test_exported_training_tasks_load_train_and_run_in_the_real_world(tmp_path, tiny_tokenizer) -> None:
-    from envace.alignment import AlignmentRows, DemonstrationRows
     from envace.benchmarks.bfcl import GoldPolicy, export_training_tasks, score_episode, split_ids
     from envace.data.tasks import load_tasks
     from envace.rollout.runner import EpisodeRunner, RolloutConfig
+    from envace.world_model.alignment import AlignmentRows, DemonstrationRows
     from envace.worlds import RealWorld, RehearseWorld
 
     path = tmp_path / "bfcl_train.jsonl"

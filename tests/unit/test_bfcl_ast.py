@@ -235,8 +235,8 @@ def test_entries_sharing_a_prompt_each_get_their_own_gold_answer(tiny_tokenizer)
 def test_a_tiny_random_policy_runs_every_category_deterministically(tiny_tokenizer) -> None:
     import torch
 
+    from envace.engines.base import HFEngine
     from envace.policy.tiny import build_model
-    from envace.rollout.engine import HFEngine
 
     model = build_model(tiny_tokenizer, hidden=32, layers=1, seed=0, max_positions=4096)
     engine = HFEngine(model, pad_id=tiny_tokenizer.pad_token_id, stop_ids=[tiny_tokenizer.eos_token_id])

@@ -26,6 +26,7 @@ from envace.builtin.make_tasks import (
     write_split_files,
 )
 from envace.builtin.oracle import OracleError, call_text, oracle_plan, oracle_turns, parse_request
+from envace.builtin.task_sets import load_task_set, resolve_task_path
 from envace.builtin.templates import (
     ACCOUNTS,
     HELD_OUT_TEMPLATES,
@@ -42,7 +43,6 @@ from envace.builtin.templates import (
 from envace.data.tasks import TaskFormatError, load_tasks, reference_calls
 from envace.envs.real import RealEnvironment
 from envace.rewards.task_success import TaskSuccess, task_score
-from envace.task_sets import load_task_set, resolve_task_path
 from envace.types import EnvSpec, ExpectedAnswer, SuccessSpec, Task, ToolCall
 
 NAMES = {
@@ -377,7 +377,7 @@ def test_oracle_solves_every_task_in_the_real_environment(split: str, splits, ti
 
 
 def test_generated_builtin_sets_extend_the_packaged_files() -> None:
-    from envace.task_sets import load_task_set
+    from envace.builtin.task_sets import load_task_set
 
     packaged = load_tasks(resolve_task_path("builtin:bank-val"))
     generated = load_task_set(f"builtin:bank-val:{len(packaged) + 5}")
@@ -390,7 +390,7 @@ def test_generated_builtin_sets_extend_the_packaged_files() -> None:
     [("builtin:bank:0", "1..100000"), ("builtin:bank:x", "integer"), ("builtin:nope:5", "unknown built-in")],
 )
 def test_generated_builtin_set_errors_name_the_spec(spec: str, message: str) -> None:
-    from envace.task_sets import load_task_set
+    from envace.builtin.task_sets import load_task_set
 
     with pytest.raises(TaskFormatError, match=message) as err:
         load_task_set(spec)

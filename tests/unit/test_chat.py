@@ -134,7 +134,7 @@ def test_turn_tail_needs_assistant_last(tiny_tokenizer) -> None:
 
 
 def test_a_prompt_holding_parallel_tool_responses_streams_as_the_render(tiny_tokenizer) -> None:
-    from envace.rollout.stream import prompt_stream
+    from envace.engines.stream import prompt_stream
     from envace.types import Role
 
     messages = [*SNAPSHOTS[2], {"role": "user", "content": "Thanks. And now?"}]  # a history with parallel responses

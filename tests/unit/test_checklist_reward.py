@@ -27,7 +27,7 @@ from envace.rewards.checklist import (
     split_reasoning,
     split_user_turns,
 )
-from envace.scoring import score_episodes
+from envace.rewards.scoring import score_episodes
 from envace.types import Episode, ExpectedAnswer, Role, Sample, SuccessSpec
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from envace.cli import latest_last_checkpoint
+from envace.cli.lightning import latest_last_checkpoint
 from envace.errors import argument_error_message, config_files, locate_key
 
 CONFIG = """trainer:
@@ -28,7 +28,7 @@ UNION = """Parser key "model":
   Does not validate against any of the Union subtypes
   Subtypes: [<class 'lightning.pytorch.core.module.LightningModule'>, <class 'NoneType'>]
   Errors:
-    - Problem with given class_path 'envace.module.EnvACEModule':
+    - Problem with given class_path 'envace.training.module.EnvACEModule':
         Group 'rollout' does not accept option 'max_turnz'
     - Expected a <class 'NoneType'>
   Given value type: <class 'dict'>
@@ -61,7 +61,8 @@ def test_a_union_report_becomes_one_line_naming_file_line_and_key(tmp_path: Path
 
 
 def test_a_key_set_on_the_command_line_names_the_argument() -> None:
-    text = ('Parser key "model":\n  Errors:\n    - Problem with given class_path \'envace.module.EnvACEModule\':\n'
+    text = ('Parser key "model":\n  Errors:\n'
+            '    - Problem with given class_path \'envace.training.module.EnvACEModule\':\n'
             '        Parser key "rollout.max_turns":\n'
             "          Expected a <class 'int'>. Got value: abc\n    - Expected a <class 'NoneType'>")
     message = argument_error_message(text, ["fit", "--model.rollout.max_turns=abc"])

@@ -191,7 +191,7 @@ def test_a_warm_start_that_validated_only_after_its_last_step_is_trained_again_w
 
 
 def test_warm_start_unvalidated_turns_validation_and_the_best_export_off(study, monkeypatch, tmp_path):
-    from envace import demo
+    from envace.cli.lightning import demo
 
     seen = []
 
@@ -267,10 +267,10 @@ def test_one_seed_shows_no_spread_and_an_unrun_arm_a_spends_no_known_calls(study
 
 
 def test_evaluations_report_success_by_template_and_the_report_tables_it(study, monkeypatch):
-    import envace.demo
+    import envace.cli.demo
 
     seen = []
-    monkeypatch.setattr(envace.demo, "evaluate", lambda config, policy, tasks, root, overrides=(): seen.append(
+    monkeypatch.setattr(envace.cli.demo, "evaluate", lambda config, policy, tasks, root, overrides=(): seen.append(
         list(overrides)) or {})
     scope = study.Settings("out", 10, 20, policy="smollm2", domain="bank")
     study.evaluate(scope, 0, "a", "p")
@@ -387,10 +387,10 @@ def test_the_curve_table_averages_each_step_over_seeds(study):
 
 
 def test_an_evaluation_tests_the_split_it_names_on_the_scopes_domain(study, monkeypatch):
-    import envace.demo
+    import envace.cli.demo
 
     calls = []
-    monkeypatch.setattr(envace.demo, "evaluate", lambda config, policy, tasks, root, overrides=(): calls.append(
+    monkeypatch.setattr(envace.cli.demo, "evaluate", lambda config, policy, tasks, root, overrides=(): calls.append(
         (config, tasks, list(overrides))) or {"success_act": 1.0})
     scope = study.Settings("out", 10, 20, policy="smollm2", domain="desk", eval_tasks=64,
                            extra_eval=("--model.rollout.engine=vllm",))
@@ -405,15 +405,15 @@ def test_an_evaluation_tests_the_split_it_names_on_the_scopes_domain(study, monk
 @pytest.fixture
 def stages(study, monkeypatch) -> list[tuple[str, str, list[str]]]:
     """``(config, root, overrides)`` of every ``fit`` the study's jobs call, in order; nothing is trained."""
-    import envace.demo
+    import envace.cli.demo
 
     seen: list[tuple[str, str, list[str]]] = []
 
     def fit(config, export_dir, root, overrides=()):
         seen.append((config, root, list(overrides)))
-        return envace.demo.StageResult(export_dir, 1.0, 3, {"train/real_calls_total": 0.0})
+        return envace.cli.demo.StageResult(export_dir, 1.0, 3, {"train/real_calls_total": 0.0})
 
-    monkeypatch.setattr(envace.demo, "fit", fit)
+    monkeypatch.setattr(envace.cli.demo, "fit", fit)
     monkeypatch.setattr(study, "_validations", lambda root: {3: 0.5})
     monkeypatch.setattr(study, "weights_digest", lambda policy: "0" * 64)
     return seen
@@ -582,7 +582,7 @@ def test_the_weights_fingerprint_covers_every_weight_file_by_name_and_content(st
 def test_test_time_rehearsal_runs_on_the_tasks_it_is_given(study, monkeypatch):
     import types
 
-    import envace.cli
+    import envace.cli.lightning
 
     seen = {}
 
@@ -591,7 +591,7 @@ def test_test_time_rehearsal_runs_on_the_tasks_it_is_given(study, monkeypatch):
         ablation = type("RehearsalBudgetAblation", (), {"history": [{"rows": []}]})()
         return types.SimpleNamespace(trainer=types.SimpleNamespace(callbacks=[ablation]))
 
-    monkeypatch.setattr(envace.cli, "cli_main", cli_main)
+    monkeypatch.setattr(envace.cli.lightning, "cli_main", cli_main)
     import json
 
     def limit(scope):
@@ -607,15 +607,15 @@ def test_test_time_rehearsal_runs_on_the_tasks_it_is_given(study, monkeypatch):
 
 
 def test_a_world_stage_trains_the_rehearse_role_alone_before_the_warm_start(study, monkeypatch):
-    import envace.demo
+    import envace.cli.demo
 
     seen = []
 
     def fit(config, export_dir, root, overrides=()):
         seen.append((root, list(overrides)))
-        return envace.demo.StageResult(export_dir, 10.0 * len(seen), 25 if len(seen) == 1 else 8, {})
+        return envace.cli.demo.StageResult(export_dir, 10.0 * len(seen), 25 if len(seen) == 1 else 8, {})
 
-    monkeypatch.setattr(envace.demo, "fit", fit)
+    monkeypatch.setattr(envace.cli.demo, "fit", fit)
     monkeypatch.setattr(study, "_validations", lambda root: {3: 0.5})
     monkeypatch.setattr(study, "weights_digest", lambda policy: "0" * 64)
     scope = study.Settings("out", 24, 8, policy="smollm2", domain="bank", demos=8, world_steps=25,
@@ -634,15 +634,15 @@ def test_a_world_stage_trains_the_rehearse_role_alone_before_the_warm_start(stud
 
 
 def test_a_base_model_replaces_the_presets_model_in_the_first_sft_stage_only(study, monkeypatch):
-    import envace.demo
+    import envace.cli.demo
 
     seen = []
 
     def fit(config, export_dir, root, overrides=()):
         seen.append(list(overrides))
-        return envace.demo.StageResult(export_dir, 1.0, 8, {})
+        return envace.cli.demo.StageResult(export_dir, 1.0, 8, {})
 
-    monkeypatch.setattr(envace.demo, "fit", fit)
+    monkeypatch.setattr(envace.cli.demo, "fit", fit)
     monkeypatch.setattr(study, "_validations", lambda root: {3: 0.5})
     monkeypatch.setattr(study, "weights_digest", lambda policy: "0" * 64)
     base = "--model.init_args.policy.init_args.name_or_path=/models/Qwen3-1.7B"

@@ -6,9 +6,9 @@ import logging
 
 import pytest
 
-from envace import cpu_precision
-from envace.cli import cli_main
-from envace.cpu_precision import FALLBACK, SLOWDOWN_LIMIT, is_bf16, on_cpu, resolve_cpu_precision
+from envace.cli.lightning import cli_main
+from envace.runtime import cpu_precision
+from envace.runtime.cpu_precision import FALLBACK, SLOWDOWN_LIMIT, is_bf16, on_cpu, resolve_cpu_precision
 
 
 def _no_measure() -> float:
@@ -23,7 +23,7 @@ def test_is_bf16(precision: object, expected: bool) -> None:
 
 def test_slow_bf16_on_the_cpu_falls_back_with_one_warning(caplog: pytest.LogCaptureFixture, monkeypatch) -> None:
     monkeypatch.delenv(cpu_precision.KEEP_ENV, raising=False)
-    with caplog.at_level(logging.WARNING, logger="envace.cpu_precision"):
+    with caplog.at_level(logging.WARNING, logger="envace.runtime.cpu_precision"):
         assert resolve_cpu_precision("bf16-mixed", "cpu", slowdown=30.0) == FALLBACK == "32-true"
     (record,) = caplog.records
     assert "precision bf16-mixed -> 32-true" in record.getMessage() and "30.0x" in record.getMessage()
@@ -45,7 +45,7 @@ def test_bf16_slower_than_float32_falls_back_even_with_avx512_bf16(monkeypatch) 
 
 def test_keep_env_keeps_bf16(monkeypatch, caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setenv(cpu_precision.KEEP_ENV, "keep")
-    with caplog.at_level(logging.WARNING, logger="envace.cpu_precision"):
+    with caplog.at_level(logging.WARNING, logger="envace.runtime.cpu_precision"):
         assert resolve_cpu_precision("bf16-true", "cpu", slowdown=30.0) == "bf16-true"
     assert "kept" in caplog.text
 

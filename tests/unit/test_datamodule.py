@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from envace.data.datamodule import RolloutDataModule, RolloutStream, TaskBatches, TaskList, shard
+from envace.training.datamodule import RolloutDataModule, RolloutStream, TaskBatches, TaskList, shard
 from envace.types import ExpectedAnswer, SuccessSpec, Task
 
 

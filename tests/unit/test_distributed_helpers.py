@@ -6,7 +6,7 @@ from contextlib import contextmanager, nullcontext
 
 from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, SingleDeviceStrategy
 
-from envace.distributed import chain_contexts, full_params_context
+from envace.runtime.distributed import chain_contexts, full_params_context
 
 
 def test_only_strategy_fsdp_gathers_weights_to_generate() -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from envace.engines.base import HFEngine, SamplingParams, cut_at_stop
 from envace.policy import TinyPolicy
-from envace.rollout.engine import HFEngine, SamplingParams, cut_at_stop
 
 
 def manual_greedy(model: torch.nn.Module, prompt: list[int], steps: int) -> list[int]:

@@ -9,13 +9,13 @@ import torch
 from helpers import ScriptedEngine, call_text
 
 from envace.builtin.bank import Bank
+from envace.engines.base import Generation
+from envace.engines.stream import TokenStream
 from envace.envs.real import tool_schemas_from_class
 from envace.rollout.collate import collate
-from envace.rollout.engine import Generation
 from envace.rollout.runner import EpisodeRunner, RolloutConfig
-from envace.rollout.stream import TokenStream
+from envace.training.update import GRPOConfig
 from envace.types import EnvSpec, Role, Sample, SuccessSpec, Task
-from envace.update import GRPOConfig
 from envace.worlds import RealWorld
 
 
@@ -75,8 +75,8 @@ def test_misaligned_logps_are_refused() -> None:
 
 
 def test_tis_needs_a_separate_engine() -> None:
-    from envace.module import EnvACEModule
     from envace.policy import TinyPolicy
+    from envace.training.module import EnvACEModule
 
     with pytest.raises(ValueError, match="grpo.tis_cap must be > 0"):
         GRPOConfig(tis_cap=0.0)

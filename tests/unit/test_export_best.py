@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from envace.base_module import PolicyModule
+from envace.training.base import PolicyModule
 
 
 class Module(PolicyModule):

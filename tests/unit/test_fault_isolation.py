@@ -17,19 +17,19 @@ import pytest
 import torch
 from helpers import RELEASE, ScriptedEngine, call_text, result_text
 
-from envace.advantages import group_advantages, role_group_ids
-from envace.audit import WorldAudit
 from envace.builtin.bank import Bank
+from envace.engines.base import Generation, SamplingParams
 from envace.envs.real import EnvironmentTimeoutError, EnvironmentUnusable, RealEnvironment, tool_schemas_from_class
-from envace.metrics import failure_causes, rollout_metrics
+from envace.evaluation.metrics import failure_causes, rollout_metrics
 from envace.policy.chat import encode
-from envace.quality import WorldQuality
 from envace.rewards import TaskSuccess
+from envace.rewards.scoring import score_episodes
 from envace.rollout.collate import collate
-from envace.rollout.engine import Generation, SamplingParams
 from envace.rollout.runner import EpisodeRunner, RolloutConfig
-from envace.scoring import score_episodes
+from envace.training.advantages import group_advantages, role_group_ids
 from envace.types import EnvSpec, Episode, ExpectedAnswer, ExpectedCall, Role, Sample, SuccessSpec, Task, ToolCall
+from envace.world_model.audit import WorldAudit
+from envace.world_model.quality import WorldQuality
 from envace.worlds import HybridWorld, Mix, MixSchedule, RealWorld, RehearseWorld
 
 BALANCES = {"A1": 120, "B2": 50}
@@ -351,8 +351,8 @@ def test_garbage_generation_is_counted_never_raised(tok, seed):
 def test_failures_are_logged_once_per_cause_by_the_module(caplog):
     from types import SimpleNamespace
 
-    from envace.module import EnvACEModule
     from envace.policy import TinyPolicy
+    from envace.training.module import EnvACEModule
 
     module = EnvACEModule(policy=TinyPolicy())
     trainer = SimpleNamespace(world_size=1, global_step=0)
@@ -362,10 +362,10 @@ def test_failures_are_logged_once_per_cause_by_the_module(caplog):
         ep = Episode(t, 0, [], Sample([], [], [], Role.ACT, i, 0))
         ep.stats.fail(cause)
         eps.append(ep)
-    with caplog.at_level(logging.WARNING, logger="envace.module"), mock_trainer(module, trainer), \
+    with caplog.at_level(logging.WARNING, logger="envace.training.module"), mock_trainer(module, trainer), \
             pytest.warns(UserWarning, match="every episode of the rollout failed; the update is skipped"):
         assert module._all_failed(eps)
-    records = [r.getMessage() for r in caplog.records if r.name == "envace.module"]
+    records = [r.getMessage() for r in caplog.records if r.name == "envace.training.module"]
     assert records == ["step 0: 3 episode(s) failed and are left out of the update: reward X: returned nan "
                        "(tasks: task-0, task-1)"]
 

@@ -12,9 +12,11 @@ import torch
 from helpers import ScriptedEngine
 from torch import nn
 
-from envace.alignment import _normalise, reference_steps
+from envace.builtin.task_sets import resolve_task_path
 from envace.data.tasks import load_tasks
-from envace.fidelity import (
+from envace.types import Task
+from envace.world_model.alignment import _normalise, reference_steps
+from envace.world_model.fidelity import (
     Probe,
     ProbeScore,
     RehearsalFidelity,
@@ -29,8 +31,6 @@ from envace.fidelity import (
     summarize,
     token_f1,
 )
-from envace.task_sets import resolve_task_path
-from envace.types import Task
 from envace.worlds.rehearse import RehearseWorld
 
 ONES = ProbeScore(1.0, 1.0, 1.0, 1.0, 1.0)

@@ -17,8 +17,8 @@ from envace.benchmarks.finmcp_eval import (
     step_prompts,
     teacher_forced_steps,
 )
+from envace.engines.base import Generation, SamplingParams
 from envace.policy.chat import decode, encode
-from envace.rollout.engine import Generation, SamplingParams
 
 # -- synthetic records (made-up content, FinMCP's field layout) ------------------------------------------------------
 
@@ -279,8 +279,8 @@ def test_long_prompts_are_skipped_and_predict_nothing(records, tiny_tokenizer) -
 
 
 def test_step_prompts_match_prompt_stream_and_render_parallel_responses(records, tiny_tokenizer) -> None:
+    from envace.engines.stream import prompt_stream
     from envace.policy.chat import render
-    from envace.rollout.stream import prompt_stream
 
     tools = list(infer_tool_schemas(records).values())
     messages = normalised_messages(records[1])  # no parallel calls: the same ids as envace's prompt streams
@@ -334,8 +334,8 @@ def test_records_that_cannot_be_teacher_forced_are_refused(records, tiny_tokeniz
 def test_a_tiny_random_policy_runs_end_to_end_deterministically(records, tiny_tokenizer) -> None:
     import torch
 
+    from envace.engines.base import HFEngine
     from envace.policy.tiny import build_model
-    from envace.rollout.engine import HFEngine
 
     model = build_model(tiny_tokenizer, hidden=32, layers=1, seed=0, max_positions=4096)
     engine = HFEngine(model, pad_id=tiny_tokenizer.pad_token_id, stop_ids=[tiny_tokenizer.eos_token_id])

@@ -1,11 +1,11 @@
-"""When a CPU run gives freed host memory back to the system (``envace.memory.FreedMemory``), on scripted readings."""
+"""When a CPU run gives freed host memory back to the system (``training.memory.FreedMemory``), on scripted readings."""
 
 from __future__ import annotations
 
 import pytest
 
-import envace.memory
-from envace.memory import FreedMemory
+import envace.training.memory
+from envace.training.memory import FreedMemory
 
 GB = 10**9
 
@@ -15,8 +15,8 @@ def scripted(monkeypatch: pytest.MonkeyPatch) -> tuple[list[int], list[str]]:
     """Resident-memory readings to hand out, and a log of the trims."""
     readings: list[int] = []
     trims: list[str] = []
-    monkeypatch.setattr(envace.memory, "_rss", lambda: readings.pop(0))
-    monkeypatch.setattr(envace.memory, "return_freed_memory", lambda: trims.append("trim") is None)
+    monkeypatch.setattr(envace.training.memory, "_rss", lambda: readings.pop(0))
+    monkeypatch.setattr(envace.training.memory, "return_freed_memory", lambda: trims.append("trim") is None)
     return readings, trims
 
 

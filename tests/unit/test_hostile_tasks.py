@@ -21,9 +21,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from envace.builtin.task_sets import load_task_set
 from envace.data.tasks import TaskFormatError, load_tasks, parse_task, write_tasks
 from envace.roles.parsing import MAX_JSON_DEPTH, validate_call
-from envace.task_sets import load_task_set
 from envace.types import ToolCall
 
 MARKER = Path("/tmp/pwned_envace")

@@ -12,12 +12,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_runner import CALL_A1, TASK, call_text, result_text, tool_messages
 
+from envace.builtin.task_sets import resolve_task_path
 from envace.data.tasks import load_tasks
-from envace.fidelity import LiveFidelity
-from envace.metrics import rollout_metrics
+from envace.evaluation.metrics import rollout_metrics
 from envace.rollout.runner import EpisodeRunner, RolloutConfig
-from envace.task_sets import resolve_task_path
 from envace.types import Episode, ToolCall
+from envace.world_model.fidelity import LiveFidelity
 from envace.worlds import CacheWorld, HybridWorld, Mix, MixSchedule, ResponseCache
 
 DEPOSIT = call_text("deposit", {"account": "A1", "amount": 5})
@@ -251,7 +251,7 @@ def test_the_response_cache_travels_in_the_checkpoint() -> None:
 
     import torch
 
-    from envace.quality import WorldQuality
+    from envace.world_model.quality import WorldQuality
 
     call = ToolCall("get_balance", {"account": "A1"})
     world = CacheWorld()

@@ -8,9 +8,9 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
+from envace.engines.base import HFEngine, SamplingParams, sessions
+from envace.engines.kv_engine import CachedEngine, PrefixStore, sample_categorical
 from envace.policy import TinyPolicy
-from envace.rollout.engine import HFEngine, SamplingParams, sessions
-from envace.rollout.kv_engine import CachedEngine, PrefixStore, sample_categorical
 
 GREEDY = SamplingParams(max_new_tokens=10, temperature=0.0)
 
@@ -191,8 +191,8 @@ def test_a_rehearsed_rollout_is_token_identical_with_either_engine(noisy) -> Non
     """Greedy multi-turn episodes match ``generate``'s token for token, and later turns reuse the earlier ones."""
     from dataclasses import replace
 
+    from envace.builtin.task_sets import load_task_set
     from envace.rollout.runner import EpisodeRunner, RolloutConfig
-    from envace.task_sets import load_task_set
     from envace.worlds import RehearseWorld
 
     model, tok = noisy

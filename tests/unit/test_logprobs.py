@@ -10,7 +10,7 @@ import torch
 from helpers import shared_rows
 from torch import Tensor, nn
 
-from envace.logprobs import token_logps
+from envace.policy.logprobs import token_logps
 
 LN2, LN3 = math.log(2.0), math.log(3.0)
 
@@ -138,7 +138,7 @@ def test_gradient_through_temperature() -> None:
 
 @pytest.mark.parametrize("mask_keep", [True, False], ids=["mask-logits-to-keep", "older-transformers"])
 def test_positions_path_equals_the_full_path_on_a_real_model(tiny_tokenizer, mask_keep, monkeypatch) -> None:
-    from envace import logprobs
+    from envace.policy import logprobs
     from envace.policy.tiny import build_model
 
     if mask_keep and not logprobs.MASK_LOGITS_TO_KEEP:
@@ -182,7 +182,7 @@ def _padded(rows: list[list[int]]) -> tuple[Tensor, Tensor]:
 
 
 def test_prefix_groups_pick_the_runs_that_save_the_most() -> None:
-    from envace.logprobs import prefix_groups
+    from envace.policy.logprobs import prefix_groups
 
     a = [1] * 10  # the prefix every row shares (a system prompt)
     rows = [a + [2] * 50 + [7, 8], a + [3] * 5 + [9], a + [2] * 50 + [5], a + [3] * 5 + [4, 4]]
@@ -220,7 +220,7 @@ def test_grouped_share_prefix_matches_the_plain_forward(tiny_tokenizer) -> None:
         logps.sum().backward()
         results.append((logps.detach(), [p.grad.clone() for p in model.parameters()]))
     (plain, plain_grads), (shared, shared_grads) = results
-    from envace.logprobs import prefix_groups
+    from envace.policy.logprobs import prefix_groups
 
     keep = torch.nn.functional.pad(scored[:, 1:].bool() & mask[:, 1:].bool(), (0, 1))
     assert sorted(prefix_groups(ids, mask, keep, 8)) == [([0, 2, 4], 42), ([1, 3], 42)]  # two tasks' rows, two groups
@@ -460,7 +460,7 @@ def test_activation_checkpointing_also_recomputes_the_shared_prefix(tiny_tokeniz
 
 
 def test_scores_in_chunks_equal_the_whole_and_keep_no_float32_vocabulary_tensor(tiny_tokenizer, monkeypatch) -> None:
-    import envace.logprobs as logprobs
+    import envace.policy.logprobs as logprobs
     from envace.policy import TinyPolicy
 
     ids, mask, scored = shared_rows(12, [10, 25, 7, 18], first_scored=5)

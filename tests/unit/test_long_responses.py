@@ -8,14 +8,14 @@ from typing import Any
 
 import pytest
 
-from envace.alignment import long_responses, target_ids, warn_long_responses
-from envace.base_module import PolicyModule
 from envace.data.tasks import parse_task
-from envace.module import EnvACEModule
 from envace.policy import TinyPolicy
 from envace.rollout.runner import RolloutConfig
-from envace.sft import SFTModule
+from envace.training.base import PolicyModule
+from envace.training.module import EnvACEModule
+from envace.training.sft import SFTModule
 from envace.types import Task
+from envace.world_model.alignment import long_responses, target_ids, warn_long_responses
 from envace.worlds import RealWorld
 
 TOOL = {"type": "function", "function": {

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from envace.command import main
-from envace.memory import (
+from envace.cli.command import main
+from envace.training.memory import (
     GIB,
     PROCESS_BYTES,
     MemoryEstimate,
@@ -115,7 +115,7 @@ def test_envace_fit_stops_before_its_first_step_when_the_estimate_exceeds_the_li
 def test_the_memory_benchmark_writes_a_long_response_task_set_the_loader_accepts(tmp_path: Path) -> None:
     import importlib.util
 
-    from envace.task_sets import load_task_set
+    from envace.builtin.task_sets import load_task_set
 
     spec = importlib.util.spec_from_file_location("memory_bench", ROOT / "benchmarks" / "memory.py")
     bench = importlib.util.module_from_spec(spec)

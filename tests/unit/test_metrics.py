@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from envace.metrics import rollout_metrics
+from envace.evaluation.metrics import rollout_metrics
 from envace.types import Episode, EpisodeStats, ExpectedAnswer, Rehearsal, Role, Sample, SuccessSpec, Task, ToolCall
 
 SYS, ACT, REH, TOOL = int(Role.SYSTEM), int(Role.ACT), int(Role.REHEARSE), int(Role.TOOL)

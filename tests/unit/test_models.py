@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from envace.command import main as envace
-from envace.models import MARKER, PrepareError, packaged_gguf, prepare
+from envace.cli.command import main as envace
 from envace.policy import HFPolicy
+from envace.policy.packaged import MARKER, PrepareError, packaged_gguf, prepare
 from envace.policy.templates import ChatTemplateError, load_chat_template
 
 

@@ -91,7 +91,7 @@ def test_untraceable_observations_fall_back_to_the_tasks_answer(responses: list)
 
 
 def test_builtin_bank_answers_are_mostly_traceable() -> None:
-    from envace.task_sets import load_task_set
+    from envace.builtin.task_sets import load_task_set
 
     tasks = load_task_set("builtin:bank:200")
     traced = [t for t in tasks if answer_provenance(t) is not None]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from envace.update import pack_rows
+from envace.training.update import pack_rows
 
 
 def chunks(lengths: list[int], max_rows: int, max_tokens: int) -> list[list[int]]:

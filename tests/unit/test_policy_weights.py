@@ -1,4 +1,4 @@
-"""``policy_weights``: what a serving engine loads equals the policy it stands for (envace.rollout.weights)."""
+"""``policy_weights``: what a serving engine loads equals the policy it stands for (envace.engines.weights)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import copy
 import pytest
 import torch
 
+from envace.engines.weights import policy_weights
 from envace.policy.hf import LoraSpec, apply_lora
 from envace.policy.tiny import build_model
-from envace.rollout.weights import policy_weights
 
 
 @pytest.fixture

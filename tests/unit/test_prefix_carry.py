@@ -16,12 +16,12 @@ import torch
 from helpers import counting_prefix_passes, shared_rows
 from torch import Tensor
 
-from envace.logprobs import PrefixCarry, token_logps
 from envace.policy import TinyPolicy
 from envace.policy.checkpointing import checkpoint_layers
+from envace.policy.logprobs import PrefixCarry, token_logps
 from envace.rollout.collate import RolloutBatch
+from envace.training.update import MicroBatch, computed_tokens, micro_batches, pack_groups, prefix_carry
 from envace.types import Role
-from envace.update import MicroBatch, computed_tokens, micro_batches, pack_groups, prefix_carry
 
 RTOL, ATOL = 1e-5, 1e-7
 

@@ -1,4 +1,4 @@
-"""Private rehearsal at test time (envace.private_rehearsal, envace.rollout.rehearsing) with scripted generations.
+"""Private rehearsal at test time (rollout.private_rehearsal, rollout.rehearsing) with scripted generations.
 
 The act engine's script lists, in call order, the imagined attempts' act turns and the committed turns; the rehearse
 engine's script the rehearsed responses. Every test checks that the budget is spent exactly, that the real
@@ -15,7 +15,7 @@ from helpers import ScriptedEngine, act_texts, call_text, result_text
 from envace.builtin.bank import Bank
 from envace.envs.real import tool_schemas_from_class
 from envace.policy.chat import decode, encode, render
-from envace.private_rehearsal import (
+from envace.rollout.private_rehearsal import (
     MEMORY_HEADER,
     JudgedCommit,
     MajorityCommit,
@@ -193,7 +193,7 @@ def test_outcome_majority_commits_an_attempt_that_reached_the_majority_answer(to
 
 
 def test_selectors_on_hand_built_attempts() -> None:
-    from envace.private_rehearsal import Attempt
+    from envace.rollout.private_rehearsal import Attempt
 
     def attempt(key: str, answer: str | None, verdict: bool | None = None) -> Attempt:
         return Attempt([], answer, [1], key, verdict=verdict)

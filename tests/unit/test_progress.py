@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from envace.progress import ProgressLines, format_duration
+from envace.runtime.progress import ProgressLines, format_duration
 
 
 @pytest.mark.parametrize(("seconds", "text"), [(0.4, "0s"), (9.4, "9s"), (75.0, "1m15s"), (3725.0, "1h02m")])
@@ -51,7 +51,7 @@ def test_an_endless_fit_has_no_total_and_no_estimate() -> None:
 def test_lines_keep_coming_while_one_step_runs_long(caplog: pytest.LogCaptureFixture) -> None:
     progress = ProgressLines(interval_s=0.2)
     trainer = _trainer()
-    with caplog.at_level(logging.INFO, logger="envace.progress"):
+    with caplog.at_level(logging.INFO, logger="envace.runtime.progress"):
         progress.on_train_start(trainer, None)
         time.sleep(1.0)  # one long step: no hook runs, the timer writes the lines
         beats = [r.getMessage() for r in caplog.records if r.getMessage().startswith("fit: step 0/40")]
@@ -67,7 +67,7 @@ def test_lines_keep_coming_while_one_step_runs_long(caplog: pytest.LogCaptureFix
 
 def test_test_batches_are_counted_and_other_ranks_stay_quiet(caplog: pytest.LogCaptureFixture) -> None:
     progress = ProgressLines(interval_s=1000)
-    with caplog.at_level(logging.INFO, logger="envace.progress"):
+    with caplog.at_level(logging.INFO, logger="envace.runtime.progress"):
         quiet = _trainer(is_global_zero=False)
         progress.on_test_start(quiet, None)
         progress.on_test_batch_end(quiet, None)

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from helpers import make_row
 
+from envace.builtin.task_sets import load_task_set
 from envace.data.reference_format import load_reference_rows, row_to_task
 from envace.data.tasks import TaskFormatError, load_tasks, reference_calls, write_tasks
-from envace.scoring import _score
-from envace.task_sets import load_task_set
+from envace.rewards.scoring import _score
 from envace.types import Episode, Sample, Standard, SuccessSpec, ToolCall
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from envace.module import EnvACEModule
 from envace.policy.hf import HFPolicy
-from envace.sft import SFTModule
+from envace.training.module import EnvACEModule
+from envace.training.sft import SFTModule
 from envace.worlds import FrozenWorld, HybridWorld, RealWorld, RehearseWorld
 from envace.worlds.rehearse import FORMAT_FILE, check_rehearse_format, save_rehearse_format
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from envace.builtin.task_sets import resolve_task_path
 from envace.data.tasks import load_tasks
 from envace.roles.rehearse import build_rehearse_messages
-from envace.task_sets import resolve_task_path
 from envace.types import ToolCall
 
 

@@ -17,13 +17,13 @@ import torch
 from helpers import ScriptedEngine, ScriptEntry, call_text, entry_ids, result_text, truncated
 
 from envace.builtin.bank import Bank
+from envace.builtin.task_sets import resolve_task_path
 from envace.data.tasks import load_tasks
+from envace.engines.base import HFEngine
 from envace.envs.real import tool_schemas_from_class
 from envace.policy import TinyPolicy
 from envace.policy.chat import encode, render
-from envace.rollout.engine import HFEngine
 from envace.rollout.runner import EpisodeRunner, RolloutConfig
-from envace.task_sets import resolve_task_path
 from envace.types import (
     EnvSpec,
     Episode,

@@ -7,10 +7,10 @@ from functools import cache
 
 import pytest
 
+from envace.builtin.task_sets import resolve_task_path
 from envace.data.tasks import load_tasks
 from envace.rewards import FormatPenalty, PredictionErrorShaping, TaskSuccess
-from envace.scoring import score_episodes
-from envace.task_sets import resolve_task_path
+from envace.rewards.scoring import score_episodes
 from envace.types import Episode, EpisodeStats, Rehearsal, Role, Sample, Task, ToolCall
 from envace.worlds.cache import ResponseCache
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from helpers import make_row
 
+from envace.builtin.task_sets import load_task_set
 from envace.data.tasks import TaskFormatError, load_tasks
-from envace.task_sets import load_task_set
 
 
 def record(task_id: str) -> dict:

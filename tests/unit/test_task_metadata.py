@@ -10,15 +10,15 @@ from typing import Any
 import pytest
 from helpers import ScriptedEngine, make_row
 
-from envace.alignment import AlignmentRows, DemonstrationRows
 from envace.data.reference_format import row_to_task
 from envace.data.tasks import TaskFormatError, load_tasks, parse_task, write_tasks
-from envace.evaluation import NO_VALUE, GroupedSuccess, PolicyEvaluator, group_value, metric_name_part
+from envace.evaluation.evaluator import NO_VALUE, GroupedSuccess, PolicyEvaluator, group_value, metric_name_part
 from envace.policy import TinyPolicy
 from envace.policy.chat import decode
 from envace.rollout.runner import EpisodeRunner, RolloutConfig
-from envace.sft import SFTModule
+from envace.training.sft import SFTModule
 from envace.types import Episode, EpisodeStats, Role, Sample
+from envace.world_model.alignment import AlignmentRows, DemonstrationRows
 from envace.worlds import RealWorld
 from envace.worlds.rehearse import RehearseWorld
 
@@ -159,7 +159,7 @@ def test_the_evaluator_logs_the_groups_of_test_only_and_resets() -> None:
 
 
 def test_modules_take_test_group_by() -> None:
-    from envace.module import EnvACEModule
+    from envace.training.module import EnvACEModule
 
     module = EnvACEModule(TinyPolicy(), test_group_by="difficulty")
     assert module.evaluator.grouped is not None and module.evaluator.grouped.key == "difficulty"

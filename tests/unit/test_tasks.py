@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from envace.builtin.task_sets import load_task_set, resolve_task_path
 from envace.data.tasks import TaskFormatError, load_tasks, parse_task, reference_calls, task_to_record
-from envace.task_sets import load_task_set, resolve_task_path
 from envace.types import EnvSpec, ExpectedAnswer, ExpectedCall, ToolCall
 
 BALANCE_TOOL = {

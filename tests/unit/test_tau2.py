@@ -94,8 +94,8 @@ def test_a_tiny_random_policy_runs_telecom_solo_deterministically(tiny_tokenizer
     import torch
 
     from envace.benchmarks.tau2 import evaluate_solo
+    from envace.engines.base import HFEngine
     from envace.policy.tiny import build_model
-    from envace.rollout.engine import HFEngine
     from envace.rollout.runner import RolloutConfig
 
     model = build_model(tiny_tokenizer, hidden=32, layers=1, seed=0, max_positions=32768)
@@ -117,9 +117,9 @@ def test_a_tiny_random_policy_and_user_run_retail_deterministically(tiny_tokeniz
     import torch
 
     from envace.benchmarks.tau2 import evaluate
-    from envace.chat_model import ChatModel
+    from envace.engines.base import HFEngine
+    from envace.engines.chat_model import ChatModel
     from envace.policy.tiny import build_model
-    from envace.rollout.engine import HFEngine
     from envace.rollout.runner import RolloutConfig
 
     def engine(seed: int) -> HFEngine:
@@ -151,7 +151,7 @@ def scripted_user(tokenizer, lines: list[str]):
     """A simulated user's model that says ``lines`` in order (the user's own tool calls included)."""
     from helpers import ScriptedEngine
 
-    from envace.chat_model import ChatModel
+    from envace.engines.chat_model import ChatModel
 
     return ChatModel.from_engine(ScriptedEngine(tokenizer, lines), tokenizer)
 
@@ -183,7 +183,7 @@ def test_retail_gold_actions_with_a_simulated_user_earn_the_full_reward(tiny_tok
 
 def test_an_episode_its_user_did_not_end_scores_zero_and_a_failed_user_is_not_scored(tiny_tokenizer) -> None:
     from envace.benchmarks.tau2 import GoldPolicy, evaluate
-    from envace.chat_model import ChatModel
+    from envace.engines.chat_model import ChatModel
     from envace.rollout.runner import RolloutConfig
 
     task = load_tasks("retail", "test")[0]

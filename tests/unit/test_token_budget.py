@@ -20,14 +20,14 @@ import pytest
 import torch
 from helpers import counting_prefix_passes
 
+from envace.builtin.task_sets import load_task_set
 from envace.losses.aggregation import ConstantNorm, SeqMeanTokenMean, TokenMean
-from envace.module import EnvACEModule
 from envace.policy import TinyPolicy
 from envace.rollout.collate import RolloutBatch
-from envace.sft import SFTModule
-from envace.task_sets import load_task_set
+from envace.training.module import EnvACEModule
+from envace.training.sft import SFTModule
+from envace.training.update import GRPOConfig, micro_batches, sum_heads
 from envace.types import Role
-from envace.update import GRPOConfig, micro_batches, sum_heads
 
 RTOL, ATOL = 1e-4, 1e-7
 

@@ -14,8 +14,7 @@ from typing import Any
 import pytest
 
 from envace.envs.real import RealEnvironment
-from envace.fidelity import is_error, score_response
-from envace.metrics import reports_error, rollout_metrics
+from envace.evaluation.metrics import reports_error, rollout_metrics
 from envace.rewards.checklist import is_tool_error
 from envace.types import (
     EnvSpec,
@@ -30,6 +29,7 @@ from envace.types import (
     ToolCall,
     is_error_value,
 )
+from envace.world_model.fidelity import is_error, score_response
 
 
 class Lookup:

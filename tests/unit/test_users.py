@@ -1,4 +1,4 @@
-"""Tests for simulated users (envace.users) in the episode state machine, with scripted act roles and users."""
+"""Tests for simulated users (envace.worlds.users) in the episode state machine, with scripted act roles and users."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ import pytest
 from helpers import ScriptedEngine, act_texts, call_text
 
 from envace.builtin.bank import Bank
-from envace.chat_model import ChatModel
+from envace.engines.chat_model import ChatModel
 from envace.envs.real import tool_schemas_from_class
 from envace.policy.chat import encode, render
 from envace.rollout.runner import EpisodeRunner, RolloutConfig
 from envace.types import EnvSpec, Episode, Role, SuccessSpec, Task, ToolCall
-from envace.users import ModelUser, ScriptedUser, UserReply, UserRequest
 from envace.worlds import RealWorld
+from envace.worlds.users import ModelUser, ScriptedUser, UserReply, UserRequest
 
 BALANCES = {"A1": 120, "B2": 50}
 GREETING = {"role": "assistant", "content": "Hi! How can I help you today?"}

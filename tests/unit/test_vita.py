@@ -151,8 +151,8 @@ class ScriptedJudgeEngine:
         self.tokenizer, self.replies, self.batches = tokenizer, list(replies), []
 
     def generate(self, prompts: list[list[int]], params: Any) -> list[Any]:
+        from envace.engines.base import Generation
         from envace.policy.chat import decode, encode
-        from envace.rollout.engine import Generation
 
         self.batches.append([decode(self.tokenizer, p) for p in prompts])
         return [Generation(encode(self.tokenizer, self.replies.pop(0)) + [self.tokenizer.eos_token_id], True)
@@ -160,7 +160,7 @@ class ScriptedJudgeEngine:
 
 
 def make_judge(tokenizer: Any, replies: list[str], **kwargs: Any) -> tuple[RubricJudge, ScriptedJudgeEngine]:
-    from envace.chat_model import ChatModel
+    from envace.engines.chat_model import ChatModel
 
     engine = ScriptedJudgeEngine(tokenizer, replies)
     return RubricJudge(ChatModel.from_engine(engine, tokenizer), **kwargs), engine
@@ -514,7 +514,7 @@ def test_episodes_run_end_to_end_and_a_budget_cut_one_scores_0_without_the_judge
     from helpers import ScriptedEngine
 
     from envace.benchmarks.vita_eval import evaluate_vita
-    from envace.users import ScriptedUser
+    from envace.worlds.users import ScriptedUser
 
     tasks = load_vita(write_tasks(tmp_path, [vita_task("T1", required=(BOWLS,)), vita_task("T2", required=(BOWLS,))]))
     act = ScriptedEngine(tiny_tokenizer, [
@@ -558,7 +558,7 @@ def test_a_model_user_plays_the_user_and_its_failures_are_reported_apart(tmp_pat
 
     from envace.benchmarks.vita import USER_GUIDELINES
     from envace.benchmarks.vita_eval import evaluate_vita
-    from envace.chat_model import ChatModel
+    from envace.engines.chat_model import ChatModel
 
     wordy = vita_task("T2")
     wordy["instructions"] += " Extra detail." * 300  # its user's chat overflows the user model's prompt budget
@@ -590,9 +590,9 @@ def test_a_tiny_random_policy_user_and_judge_run_end_to_end_deterministically(tm
     import torch
 
     from envace.benchmarks.vita_eval import evaluate_vita
-    from envace.chat_model import ChatModel
+    from envace.engines.base import HFEngine
+    from envace.engines.chat_model import ChatModel
     from envace.policy.tiny import build_model
-    from envace.rollout.engine import HFEngine
 
     def engine(seed: int) -> HFEngine:
         model = build_model(tiny_tokenizer, hidden=32, layers=1, seed=seed, max_positions=8192)

@@ -6,8 +6,8 @@ import importlib.util
 
 import pytest
 
-from envace.rollout.engine import Generation
-from envace.rollout.vllm_engine import VLLMEngine
+from envace.engines.base import Generation
+from envace.engines.vllm_engine import VLLMEngine
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")

@@ -12,9 +12,9 @@ import torch
 
 vllm = pytest.importorskip("vllm")
 
+from envace.engines.base import HFEngine, SamplingParams  # noqa: E402
+from envace.engines.vllm_engine import VLLMEngine  # noqa: E402
 from envace.policy.chat import encode, render  # noqa: E402
-from envace.rollout.engine import HFEngine, SamplingParams  # noqa: E402
-from envace.rollout.vllm_engine import VLLMEngine  # noqa: E402
 
 LOGPROB_TOL = 2e-3
 """float32 on both sides, but different kernels (vLLM's paged attention and fused layers against transformers' eager

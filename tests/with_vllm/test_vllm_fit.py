@@ -14,10 +14,10 @@ pytest.importorskip("vllm")
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
-from envace.cli import cli_main  # noqa: E402
+from envace.cli.lightning import cli_main  # noqa: E402
+from envace.engines.base import HFEngine, SamplingParams  # noqa: E402
+from envace.engines.vllm_engine import VLLMEngine  # noqa: E402
 from envace.policy.chat import encode, render  # noqa: E402
-from envace.rollout.engine import HFEngine, SamplingParams  # noqa: E402
-from envace.rollout.vllm_engine import VLLMEngine  # noqa: E402
 
 TINY = str(Path(__file__).parents[2] / "lit_configs" / "tiny.yaml")
 

@@ -13,11 +13,11 @@ import torch
 
 pytest.importorskip("vllm")
 
+from envace.engines.base import HFEngine, SamplingParams  # noqa: E402
+from envace.engines.vllm_engine import VLLMEngine  # noqa: E402
+from envace.engines.weights import write_adapter  # noqa: E402
 from envace.policy.chat import encode, render  # noqa: E402
 from envace.policy.hf import LoraSpec, apply_lora, use_adapter  # noqa: E402
-from envace.rollout.engine import HFEngine, SamplingParams  # noqa: E402
-from envace.rollout.vllm_engine import VLLMEngine  # noqa: E402
-from envace.rollout.weights import write_adapter  # noqa: E402
 
 GREEDY = SamplingParams(max_new_tokens=16, temperature=0.0)
 CHATS = [[{"role": "user", "content": "What is the capital of France?"}],

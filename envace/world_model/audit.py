@@ -4,8 +4,8 @@ An audit takes a finished episode whose tool responses were (at least partly) re
 on a fresh instance of the task's real environment, and compares each response the act role saw with the real one:
 
 - the **free-running fidelity horizon** is the index of the first call whose response departs from the real one
-  (not an exact match under the canonicalisation of ``envace.fidelity``); an episode that never departs has a
-  horizon equal to its number of calls (right-censored; ``departed`` tells which);
+  (not an exact match under the canonicalisation of ``envace.world_model.fidelity``); an episode that never departs has
+  a horizon equal to its number of calls (right-censored; ``departed`` tells which);
 - the **sim-to-real gap** of the episode is the reward it earned in the rehearsed world minus the reward the same
   actions (its calls and final answer) earn when the responses are the real ones. A reward that reads only the
   calls and the answer (``TaskSuccess``) cannot be raised by a lenient world model, so its gap is 0 by construction;
@@ -21,9 +21,9 @@ import random
 from dataclasses import dataclass, replace
 
 from envace.envs.real import DEFAULT_TOOL_TIMEOUT_S, EnvironmentUnusable, RealEnvironment
-from envace.fidelity import canonical_text, rehearsal_target
 from envace.rewards.base import Reward
 from envace.types import Episode
+from envace.world_model.fidelity import canonical_text, rehearsal_target
 
 
 @dataclass

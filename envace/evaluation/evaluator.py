@@ -4,7 +4,7 @@ For each batch of evaluation tasks it runs greedy episodes in the evaluation wor
 success), optionally a second set in the policy's own rehearsed world (the "imagined" success, logged next to the
 real one: a rising imagined success with a flat real one is the signature of a gamed world model; the imagined
 episodes are also replayed in the real environment, giving their free-running fidelity horizon and sim-to-real gap,
-``envace.audit``), and optionally
+``envace.world_model.audit``), and optionally
 the teacher-forced rehearsal fidelity of the tasks' reference calls. Means are torchmetrics metrics, so they are
 summed over ranks and logged once per epoch. In ``test``, success can also be reported per value of one
 ``Task.metadata`` key (``GroupedSuccess``).
@@ -23,22 +23,22 @@ import torch
 from torch import nn
 from torchmetrics import MeanMetric, MetricCollection, SumMetric
 
-from envace.audit import replay, sim_to_real
-from envace.distributed import chain_contexts, full_params_context
-from envace.fidelity import RehearsalFidelity, reference_probes, rehearse_probes
-from envace.metrics import COUNT_METRICS, ROLLOUT_METRICS, rollout_metrics
+from envace.engines.base import HFEngine, SamplingParams
+from envace.engines.kv_engine import CachedEngine
+from envace.evaluation.metrics import COUNT_METRICS, ROLLOUT_METRICS, rollout_metrics
 from envace.policy.hf import adapter_context
-from envace.private_rehearsal import PrivateRehearsal, Selector
 from envace.rewards.base import Reward
-from envace.rollout.engine import HFEngine, SamplingParams
-from envace.rollout.kv_engine import CachedEngine
+from envace.rewards.scoring import score_episodes
+from envace.rollout.private_rehearsal import PrivateRehearsal, Selector
 from envace.rollout.rehearsing import RehearsingRunner
 from envace.rollout.runner import EpisodeRunner, RolloutConfig
-from envace.scoring import score_episodes
+from envace.runtime.distributed import chain_contexts, full_params_context
 from envace.types import Episode, Task, canonical_json
-from envace.users import UserSimulator
+from envace.world_model.audit import replay, sim_to_real
+from envace.world_model.fidelity import RehearsalFidelity, reference_probes, rehearse_probes
 from envace.worlds.base import World
 from envace.worlds.rehearse import RehearseWorld
+from envace.worlds.users import UserSimulator
 
 SPLITS = ("val", "test")
 REPLAY_METRICS = ("imagined_horizon", "imagined_departed_rate", "sim2real_gap")
@@ -146,7 +146,7 @@ def shared_vllm_engine(module: L.LightningModule, model: nn.Module, tokenizer: A
     policy's weights before the first rollout (``EnvACEModule.sync_engine``). With per-role LoRA adapters
     (``model.role_adapters``) it holds the base weights and serves each role's adapter through vLLM's LoRA support.
     """
-    from envace.rollout.vllm_engine import VLLMEngine
+    from envace.engines.vllm_engine import VLLMEngine
 
     engine = getattr(module, "_vllm_engine", None)
     if engine is not None:
@@ -182,7 +182,7 @@ def write_checkpoint(model: nn.Module, tokenizer: Any, out: Path, merge_lora: bo
     """
     from safetensors.torch import save_file
 
-    from envace.rollout.weights import base_weights, policy_weights
+    from envace.engines.weights import base_weights, policy_weights
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     base.config.save_pretrained(out)
@@ -216,7 +216,8 @@ class PolicyEvaluator(nn.Module):
         fidelity: measure the rehearsal fidelity of the reference calls.
         imagined: also run every task in the policy's own rehearsed world and log ``imagined_success``.
         user: the simulated user of tasks with ``Task.user``.
-        rehearsal: private rehearsal before committed act turns in ``test`` (``envace.private_rehearsal``); None or
+        rehearsal: private rehearsal before committed act turns in ``test`` (``envace.rollout.private_rehearsal``); None
+        or
             a zero budget acts plainly.
         selector: what a rehearsal commits (default: the act role writes the turn with the rehearsal memory).
         group_by: in ``test``, also log success per value of this ``Task.metadata`` key (``GroupedSuccess``).

@@ -2,7 +2,8 @@
 
 The rehearse role is paid with the act role's task reward, so nothing but grounding stops it from making tasks easy
 (lenient or invented results) instead of being right. The guard watches the sim-to-real gap of audited episodes
-(``envace.audit``: reward in the rehearsed world minus the reward of the same actions on real responses) over a
+(``envace.world_model.audit``: reward in the rehearsed world minus the reward of the same actions on real responses)
+over a
 sliding window, and raises the alarm when its mean exceeds ``margin``. Its response is configurable:
 
 - ``warn``: a warning (once per alarm) and the ``collusion_alarm`` metric;

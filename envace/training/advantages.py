@@ -140,16 +140,18 @@ def _check_1d(**tensors: Tensor) -> None:
     """Raise ValueError unless every tensor is 1-D and all have the same length."""
     lengths = {name: tuple(t.shape) for name, t in tensors.items()}
     if any(len(shape) != 1 for shape in lengths.values()) or len(set(lengths.values())) > 1:
-        raise ValueError(f"envace/advantages.py: expected 1-D tensors of equal length [N], got shapes {lengths}")
+        raise ValueError(f"envace/training/advantages.py: expected 1-D tensors of equal length [N], got shapes "
+                         f"{lengths}")
 
 
 def _check_inputs(rewards: Tensor, group_ids: Tensor, episode_ids: Tensor, baseline: str) -> None:
     """Validate the arguments of :func:`group_advantages`."""
     _check_1d(rewards=rewards, group_ids=group_ids, episode_ids=episode_ids)
     if not rewards.is_floating_point():
-        raise ValueError(f"envace/advantages.py: rewards must be a float tensor, got dtype {rewards.dtype}")
+        raise ValueError(f"envace/training/advantages.py: rewards must be a float tensor, got dtype {rewards.dtype}")
     for name, ids in (("group_ids", group_ids), ("episode_ids", episode_ids)):
         if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
-            raise ValueError(f"envace/advantages.py: {name} must be an integer (long) tensor, got dtype {ids.dtype}")
+            raise ValueError(f"envace/training/advantages.py: {name} must be an integer (long) tensor, got dtype "
+                             f"{ids.dtype}")
     if baseline not in ("episode", "row"):
-        raise ValueError(f"envace/advantages.py: baseline must be 'episode' or 'row', got {baseline!r}")
+        raise ValueError(f"envace/training/advantages.py: baseline must be 'episode' or 'row', got {baseline!r}")

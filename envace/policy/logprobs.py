@@ -55,7 +55,8 @@ def token_logps(
             full attention); works with activation checkpointing (``ReadOnlyPrefix``).
         groups: with ``positions``, the prefix groups to run instead of ``share_prefix``'s own (``(rows, prefix)``
             pairs, as ``prefix_groups`` returns them; every row in exactly one): a step planned across micro-batches
-            (``envace.update.micro_batches``) keeps a group's prefix the same in each micro-batch its rows span.
+            (``envace.training.update.micro_batches``) keeps a group's prefix the same in each micro-batch its rows
+            span.
         carry: shared prefixes that outlive this call (``PrefixCarry``): a group's prefix is computed by the first
             call that reads it and reused by the later ones.
 
@@ -262,14 +263,14 @@ class PrefixCarry:
     """Shared prefixes that outlive a micro-batch: each computed once per step, however many micro-batches read it.
 
     Under a token budget the rows of one prefix group (the act rows' system prompt and tool schemas) may span several
-    micro-batches (``envace.update.micro_batches`` plans how many read each prefix: ``uses``, keyed by the prefix's
-    token ids). The first reader computes the prefix; it and the later readers but the last read detached copies of
-    its keys and values (leaves), whose gradients accumulate over their backward passes; the last reads the prefix's
-    own states, and its loss gets ``term()``, whose gradient with respect to those states is the leaves' accumulated
-    gradient. So the prefix's backward runs once, in the last reader's backward pass, with every reader's gradient,
-    and the step makes as many backward passes as micro-batches (what distributed strategies count on). The prefix's
-    activations are held from its first reader to its last: the packer counts a prefix in every micro-batch that
-    reads it. Without a gradient (scoring) the readers share the states and nothing is accumulated.
+    micro-batches (``envace.training.update.micro_batches`` plans how many read each prefix: ``uses``, keyed by the
+    prefix's token ids). The first reader computes the prefix; it and the later readers but the last read detached
+    copies of its keys and values (leaves), whose gradients accumulate over their backward passes; the last reads the
+    prefix's own states, and its loss gets ``term()``, whose gradient with respect to those states is the leaves'
+    accumulated gradient. So the prefix's backward runs once, in the last reader's backward pass, with every reader's
+    gradient, and the step makes as many backward passes as micro-batches (what distributed strategies count on). The
+    prefix's activations are held from its first reader to its last: the packer counts a prefix in every micro-batch
+    that reads it. Without a gradient (scoring) the readers share the states and nothing is accumulated.
 
     Args:
         uses: how many calls will read each prefix.

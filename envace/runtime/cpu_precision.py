@@ -23,7 +23,7 @@ from functools import cache
 
 import torch
 
-logger = logging.getLogger("envace.cpu_precision")
+logger = logging.getLogger("envace.runtime.cpu_precision")
 
 SLOWDOWN_LIMIT = 1.0
 """bf16 matmuls slower than float32 by more than this factor fall back.

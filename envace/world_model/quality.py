@@ -1,10 +1,10 @@
 """World-model quality during training: live fidelity, audits of rehearsed episodes, and the collusion guard.
 
 ``WorldQuality`` is the LightningModule's one place for these. After each rollout it replays a share of the rehearsed
-episodes in the real environment (``envace.audit``), then, once the episodes are scored, measures their sim-to-real
-gap, feeds the collusion guard and applies its response, and collects the live fidelity probes of the calls a real
-environment or the cache answered. Its metrics are keyed the same on every step (window means over the last audited
-episodes), so that ranks can reduce them together.
+episodes in the real environment (``envace.world_model.audit``), then, once the episodes are scored, measures their
+sim-to-real gap, feeds the collusion guard and applies its response, and collects the live fidelity probes of the calls
+a real environment or the cache answered. Its metrics are keyed the same on every step (window means over the last
+audited episodes), so that ranks can reduce them together.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from typing import Any
 
 from torch import nn
 
-from envace.audit import WorldAudit, replay, sim_to_real
-from envace.fidelity import LiveFidelity
-from envace.guard import CollusionGuard
 from envace.rewards.base import Reward
-from envace.scoring import guarded
+from envace.rewards.scoring import guarded
 from envace.types import Episode, error_text
+from envace.world_model.audit import WorldAudit, replay, sim_to_real
+from envace.world_model.fidelity import LiveFidelity
+from envace.world_model.guard import CollusionGuard
 from envace.worlds.base import World
 from envace.worlds.cache import ResponseCache
 

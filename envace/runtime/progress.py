@@ -1,7 +1,7 @@
 """Progress lines for long runs: what stage, how far, a metric, time spent and time left, also when redirected.
 
 A progress bar redraws one terminal line; written to a file or a pipe it says nothing until the end. ``ProgressLines``
-logs a plain line (logger ``envace.progress``, to stderr) when a stage starts and ends, and at least every
+logs a plain line (logger ``envace.runtime.progress``, to stderr) when a stage starts and ends, and at least every
 ``interval_s`` seconds in between: a background timer writes a line even while one long step or rollout runs.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 
 import lightning as L
 
-logger = logging.getLogger("envace.progress")
+logger = logging.getLogger("envace.runtime.progress")
 
 DEFAULT_METRICS = (
     "train/success_act", "train/loss_act", "train/loss_rehearse", "train/loss", "train/sft_loss_act",

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import lightning as L
 from torch.utils.data import DataLoader, IterableDataset
 
-from envace.task_sets import load_task_set
+from envace.builtin.task_sets import load_task_set
 from envace.types import Task
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from envace.chat_model import ChatModel
+from envace.engines.chat_model import ChatModel
 from envace.roles.parsing import parse_act_output
 from envace.types import Task, ToolCall
 

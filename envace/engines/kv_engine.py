@@ -33,8 +33,8 @@ from torch import Tensor, nn
 from transformers import DynamicCache, LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 from transformers.cache_utils import DynamicLayer
 
-from envace.logprobs import cache_kwarg, prefix_runs
-from envace.rollout.engine import Generation, HFEngine, SamplingParams
+from envace.engines.base import Generation, HFEngine, SamplingParams
+from envace.policy.logprobs import cache_kwarg, prefix_runs
 
 KV = list[tuple[Tensor, Tensor]]
 """Per layer, keys and values of one sequence: ``[kv_heads, tokens, head_dim]`` each."""

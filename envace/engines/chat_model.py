@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
+from envace.engines.base import Engine, HFEngine, SamplingParams
 from envace.policy.chat import decode, encode, render
 from envace.policy.hf import Policy
-from envace.rollout.engine import Engine, HFEngine, SamplingParams
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The embedded demo: SFT warm start, EnvACE rehearsal RL, then real-environment evaluation of both checkpoints.
 
-``python -m envace.demo`` (the README's first command, through ``scripts/train.sh``) runs three stages with the
+``python -m envace.cli.demo`` (the README's first command, through ``scripts/train.sh``) runs three stages with the
 ``envace`` CLI on the built-in bank domain and prints one table:
 
 1. ``lit_configs/tiny_sft.yaml``: supervised warm start of both roles from reference trajectories (real responses
@@ -25,11 +25,11 @@ from pathlib import Path
 
 import yaml
 
-from envace.cli import cli_main
+from envace.cli.lightning import cli_main
 from envace.errors import report_user_errors as guarded
-from envace.progress import ensure_handler, format_duration
+from envace.runtime.progress import ensure_handler, format_duration
 
-logger = logging.getLogger("envace.demo")  # not __name__: it is "__main__" under python -m envace.demo
+logger = logging.getLogger("envace.cli.demo")  # not __name__: it is "__main__" under python -m envace.cli.demo
 
 SPLITS = {"test": "builtin:bank-test", "heldout": "builtin:bank-heldout"}
 """The evaluation splits: in-distribution test tasks, and held-out task templates (of the bank; ``--domain`` swaps)."""
@@ -95,7 +95,7 @@ PRESETS = {
         prepare="smollm2-135m-instruct",
     ),
 }
-"""``python -m envace.demo --model NAME``: the tiny policy built in code (the default), or SmolLM2-135M-Instruct."""
+"""``python -m envace.cli.demo --model NAME``: the tiny policy built in code (the default), or SmolLM2-135M-Instruct."""
 
 COLUMNS = (
     ("success_act", "real success"),
@@ -239,7 +239,7 @@ def run_demo(out: str, sft_config: str, rl_config: str, sft_overrides: Sequence[
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Command line: ``python -m envace.demo [--out DIR] [--sft=OVERRIDE ...] [--rl=OVERRIDE ...]``."""
+    """Command line: ``python -m envace.cli.demo [--out DIR] [--sft=OVERRIDE ...] [--rl=OVERRIDE ...]``."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="runs/demo", help="output directory (logs, exported policies)")
     parser.add_argument("--model", choices=sorted(PRESETS), default="tiny",
@@ -265,7 +265,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     def stages() -> str:
         if preset.prepare is not None:
-            from envace.models import DEFAULT_ROOT, packaged_gguf, prepare
+            from envace.policy.packaged import DEFAULT_ROOT, packaged_gguf, prepare
 
             logger.info("demo: preparing %s in %s (once)", preset.prepare, DEFAULT_ROOT / preset.prepare)
             prepare(packaged_gguf(preset.prepare), DEFAULT_ROOT / preset.prepare)

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from envace.rollout.engine import Generation, SamplingParams
+from envace.engines.base import Generation, SamplingParams
 
 
 @dataclass(frozen=True)

@@ -10,27 +10,31 @@ batched generation). Leaf F1 is the one of the rehearse reward's prediction-erro
 
 from __future__ import annotations
 
-import json
 import math
 import warnings
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import asdict, dataclass
-from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torchmetrics import Metric
 
 from envace.data.tasks import reference_steps
-from envace.rewards.shaping import leaf_f1
-from envace.roles.parsing import json_type_name
-from envace.rollout.engine import Engine, SamplingParams, sessions
-from envace.types import Task, canonical_json, is_error_value
+from envace.engines.base import Engine, SamplingParams, sessions
+from envace.roles.compare import (  # noqa: F401  (the fidelity measure's scores, defined with the roles)
+    ProbeScore,
+    broken_contract_score,
+    canonical,
+    canonical_text,
+    is_error,
+    rehearsal_target,
+    score_reply,
+    score_response,
+    token_f1,
+)
+from envace.types import Task
 from envace.worlds.base import ToolReply, ToolRequest
 from envace.worlds.rehearse import RehearseWorld
-
-SIGNIFICANT_DIGITS = 4
-"""Floats are compared rounded to this many significant digits."""
 
 METRIC_NAMES = {
     "exact_match": "exact_match",
@@ -40,148 +44,6 @@ METRIC_NAMES = {
     "error_agree": "error_agreement",
 }
 """``ProbeScore`` field -> name of its mean in ``RehearsalFidelity.compute`` and ``per_tool``."""
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Canonicalisation
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-def _parse(text: str) -> tuple[bool, Any]:
-    """``(True, value)`` when ``text`` is JSON, else ``(False, text.strip())``."""
-    try:
-        return True, json.loads(text)
-    except json.JSONDecodeError:
-        return False, text.strip()
-
-
-def _round_float(value: float) -> float | int:
-    """``value`` rounded to ``SIGNIFICANT_DIGITS`` significant digits; a whole result becomes an int."""
-    if value.is_integer():
-        return int(value)  # exact: never round a whole number (12345.0 stays 12345)
-    rounded = float(f"{value:.{SIGNIFICANT_DIGITS}g}")
-    return int(rounded) if rounded.is_integer() else rounded
-
-
-def _canonical_value(value: Any) -> Any:
-    """κ of a decoded JSON value: keys sorted, floats rounded, whole floats as ints."""
-    if isinstance(value, float):
-        return _round_float(value)
-    if isinstance(value, dict):
-        return {key: _canonical_value(value[key]) for key in sorted(value)}
-    if isinstance(value, list):
-        return [_canonical_value(item) for item in value]
-    return value
-
-
-def canonical(text: str) -> Any:
-    """κ: the canonical form of a tool response text.
-
-    The decoded JSON value when ``text`` is JSON (keys sorted, floats rounded to ``SIGNIFICANT_DIGITS`` significant
-    digits, whole floats as ints), else the stripped string. Compare canonical forms with ``canonical_text``.
-
-    Args:
-        text: a tool response (JSON or free text).
-    """
-    return _canonical_value(_parse(text)[1])
-
-
-def canonical_text(text: str) -> str:
-    """The canonical JSON text of ``canonical(text)``: two responses are an exact match when these are equal."""
-    return canonical_json(canonical(text))
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Per-probe scores
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ProbeScore:
-    """The fidelity scores of one rehearsed response against the real one (each in [0, 1]).
-
-    Attributes:
-        exact_match: 1 when the canonical forms are equal.
-        leaf_f1: F1 of the ``(path, value)`` leaf sets of the canonical forms; token F1 over whitespace tokens when
-            both are strings (free text).
-        key_match: 1 when both are objects with the same top-level keys, or neither is an object and both have the
-            same JSON type.
-        parse_ok: 1 when the prediction parses as JSON or the real response does not.
-        error_agree: 1 when both or neither are errors (``is_error``).
-    """
-
-    exact_match: float
-    leaf_f1: float
-    key_match: float
-    parse_ok: float
-    error_agree: float
-
-
-def is_error(text: str) -> bool:
-    """Whether a tool response reports an error.
-
-    An error is a JSON object whose ``"error"`` value is truthy (``envace.types.is_error_value``: a tool that raised,
-    or one that returned an error object), or a string (free text, a JSON string, or the ``{"result": text}``
-    wrapper a rehearsal of free text takes) starting with ``"Error"``.
-
-    Args:
-        text: a tool response.
-    """
-    value = canonical(text)
-    if isinstance(value, dict) and list(value) == ["result"]:
-        value = value["result"]
-    if isinstance(value, dict):
-        return is_error_value(value)
-    return isinstance(value, str) and value.startswith("Error")
-
-
-def token_f1(predicted: str, reference: str) -> float:
-    """F1 of the multisets of whitespace tokens: ``2 * |common| / (|predicted| + |reference|)``; two blanks give 1.
-
-    Args:
-        predicted: the rehearsed text.
-        reference: the real text.
-    """
-    pred, ref = Counter(predicted.split()), Counter(reference.split())
-    total = sum(pred.values()) + sum(ref.values())
-    if total == 0:
-        return 1.0
-    return 2 * sum((pred & ref).values()) / total
-
-
-def _key_match(predicted: Any, real: Any) -> bool:
-    if isinstance(predicted, dict) and isinstance(real, dict):
-        return set(predicted) == set(real)
-    return json_type_name(predicted) == json_type_name(real)
-
-
-def score_response(predicted: str, real: str) -> ProbeScore:
-    """Score one rehearsed response against the real one (see ``ProbeScore``).
-
-    Args:
-        predicted: the rehearsed response text.
-        real: the real (recorded) response text.
-    """
-    pred, ref = canonical(predicted), canonical(real)
-    f1 = token_f1(pred, ref) if isinstance(pred, str) and isinstance(ref, str) else leaf_f1(pred, ref)
-    parse_ok = _parse(predicted)[0] or not _parse(real)[0]
-    return ProbeScore(
-        exact_match=float(canonical_json(pred) == canonical_json(ref)),
-        leaf_f1=f1,
-        key_match=float(_key_match(pred, ref)),
-        parse_ok=float(parse_ok),
-        error_agree=float(is_error(predicted) == is_error(real)),
-    )
-
-
-def broken_contract_score(error_content: str, real: str) -> ProbeScore:
-    """The score of a rehearsal that broke the output contract: 0 everywhere but error agreement.
-
-    Args:
-        error_content: the error message substituted for the broken rehearsal.
-        real: the real response text.
-    """
-    return ProbeScore(0.0, 0.0, 0.0, 0.0, float(is_error(error_content) == is_error(real)))
-
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Aggregation
@@ -375,31 +237,6 @@ def reference_probes(tasks: list[Task], max_per_task: int | None = None) -> list
         for index, task in enumerate(tasks)
         for call, real, history in reference_steps(task)[:max_per_task]
     ]
-
-
-def rehearsal_target(real: str) -> str:
-    """The form a faithful rehearsal of ``real`` takes: the JSON re-dumped, free text wrapped as ``{"result": ...}``.
-
-    The same target the world-model alignment rows train towards (``envace.alignment``).
-
-    Args:
-        real: the recorded real response text.
-    """
-    ok, value = _parse(real)
-    return json.dumps(value if ok else {"result": real}, ensure_ascii=False)
-
-
-def score_reply(reply: ToolReply, real: str) -> ProbeScore:
-    """Score a rehearse world's reply against the real response ``real`` (see ``rehearse_probes``).
-
-    Args:
-        reply: the rehearsed reply.
-        real: the real response text.
-    """
-    target = rehearsal_target(real)
-    if reply.parse_error:
-        return broken_contract_score(reply.content, target)
-    return score_response(reply.content, target)
 
 
 def rehearse_probes(probes: list[Probe], world: RehearseWorld, engine: Engine, max_new_tokens: int) -> list[ProbeScore]:

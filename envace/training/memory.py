@@ -36,7 +36,8 @@ GIB = 1024**3
 LOGIT_BYTES = 8
 """Bytes per scored position and vocabulary entry at the update's peak: the logits (kept for backward) and the
 gradient that flows back through them, at up to 4 bytes each. The float32 log-softmax runs on
-``envace.logprobs.SCORE_CHUNK`` positions at a time and is recomputed in backward, so it adds no per-position term."""
+``envace.policy.logprobs.SCORE_CHUNK`` positions at a time and is recomputed in backward, so it adds no per-position
+term."""
 
 PROCESS_BYTES = int(1.0 * GIB)
 """Python, torch, transformers, the tokenizer and the task sets: what an idle envace process holds before a model."""

@@ -28,7 +28,6 @@ Lightning first; ``envace export`` reads one file.
 from __future__ import annotations
 
 import argparse
-import copy
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from peft import PeftModel
 
-from envace.worlds.rehearse import RehearseWorld, save_rehearse_format
+from envace.training.export import export
 
 
 def load_policy(config: str, ckpt_path: str, overrides: list[str] | None = None) -> tuple[Any, Any]:
@@ -53,7 +52,7 @@ def load_module(config: str, ckpt_path: str, overrides: list[str] | None = None)
         ValueError: the checkpoint holds no policy weights, or they do not fit the config's policy (the keys are
             named).
     """
-    from envace.cli import ConfigCheckCLI, cli_main
+    from envace.cli.lightning import ConfigCheckCLI, cli_main
 
     path = Path(ckpt_path)
     if not path.is_file():
@@ -86,35 +85,6 @@ def _load(model: Any, weights: dict[str, torch.Tensor]) -> tuple[list[str], list
     own = {k for k in model.state_dict() if "lora_" in k}
     _, unexpected = model.load_state_dict(adapters, strict=False)
     return sorted(own - set(adapters)), list(unexpected)
-
-
-def export(model: Any, tokenizer: Any, out: str | Path, merged: bool = True,
-           prompter: RehearseWorld | None = None) -> dict[str, str]:
-    """Write ``<out>/adapter`` (LoRA policies) and ``<out>/merged``; returns what was written where.
-
-    With ``prompter`` (the module's rehearse prompts), each folder records its format (``save_rehearse_format``).
-    """
-    out = Path(out)
-    folders = {}
-    if isinstance(model, PeftModel):
-        folders["adapter"] = (model, out / "adapter")
-    if merged:
-        folders["merged"] = (copy.deepcopy(model).merge_and_unload() if isinstance(model, PeftModel) else model,
-                             out / "merged")
-    for weights, where in folders.values():
-        save_policy(weights, tokenizer, where, prompter)
-    return {kind: str(where) for kind, (_, where) in folders.items()}
-
-
-def save_policy(model: Any, tokenizer: Any, where: str | Path, prompter: RehearseWorld | None = None) -> None:
-    """Write one policy folder: weights and tokenizer in Hugging Face format, and the rehearse prompt format.
-
-    The format (``save_rehearse_format``) is written with ``prompter`` only. ``envace fit``'s export writes the same.
-    """
-    model.save_pretrained(where)
-    tokenizer.save_pretrained(where)
-    if prompter is not None:
-        save_rehearse_format(prompter, where)
 
 
 def main(argv: list[str]) -> dict[str, str]:

@@ -6,7 +6,7 @@ where the previous good one was; nothing is flushed to disk either. ``AtomicChec
 flushes the file to disk, renames it over the target (``os.replace``, atomic on POSIX and Windows) and flushes the
 folder: at any instant the path holds either the complete previous checkpoint or the complete new one.
 
-The ``envace`` command installs it on every Trainer that has no checkpoint plugin of its own (``envace.cli``).
+The ``envace`` command installs it on every Trainer that has no checkpoint plugin of its own (``envace.cli.lightning``).
 """
 
 from __future__ import annotations

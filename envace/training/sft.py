@@ -4,10 +4,11 @@ Act rows are the chat-template render of each task's messages plus its reference
 assistant tokens (the template's ``{% generation %}`` mask). Rehearse rows are the alignment rows: the rehearse
 prompt of each recorded call followed by its recorded real response. Plain next-token cross-entropy.
 
-Rows are packed into micro-batches under a budget of computed tokens (``micro_batch_tokens``, ``envace.update``); each
-micro-batch's forward and backward run in turn, gradients accumulate, and the optimiser steps once per training step.
-Each head's token mean is normalised by the whole step's token count, so the loss and gradients do not depend on
-the budget (beyond float rounding), while peak memory does not grow with the batch size or the rows per task.
+Rows are packed into micro-batches under a budget of computed tokens (``micro_batch_tokens``,
+``envace.training.update``); each micro-batch's forward and backward run in turn, gradients accumulate, and the
+optimiser steps once per training step. Each head's token mean is normalised by the whole step's token count, so the
+loss and gradients do not depend on the budget (beyond float rounding), while peak memory does not grow with the batch
+size or the rows per task.
 
 Validation always reports the teacher-forced cross-entropy; with an ``eval_world`` it also runs the policy greedily
 on the validation tasks (real success, rehearsal fidelity), so that Lightning's ``EarlyStopping`` can stop the warm
@@ -22,19 +23,19 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 
-from envace.alignment import AlignmentRows, DemonstrationRows
-from envace.base_module import PolicyModule
-from envace.evaluation import PolicyEvaluator, policy_engine
-from envace.logprobs import PrefixCarry, token_logps
-from envace.memory import Workload
+from envace.evaluation.evaluator import PolicyEvaluator, policy_engine
 from envace.policy.chat import check_chat_template
 from envace.policy.hf import Policy
+from envace.policy.logprobs import PrefixCarry, token_logps
 from envace.rewards.base import Reward
 from envace.rewards.task_success import TaskSuccess
 from envace.rollout.collate import RolloutBatch, collate
 from envace.rollout.runner import RolloutConfig
+from envace.training.base import PolicyModule
+from envace.training.memory import Workload
+from envace.training.update import DEFAULT_MICRO_BATCH_TOKENS, Groups, MicroBatch, computed_tokens, micro_batches
 from envace.types import Role, Task
-from envace.update import DEFAULT_MICRO_BATCH_TOKENS, Groups, MicroBatch, computed_tokens, micro_batches
+from envace.world_model.alignment import AlignmentRows, DemonstrationRows
 from envace.worlds.base import World
 from envace.worlds.rehearse import RehearseWorld
 
@@ -72,14 +73,14 @@ class SFTModule(PolicyModule):
         test_group_by: under ``envace test``, also log success per value of this key of the tasks' ``metadata``
             (``test/success_act/KEY=VALUE``, ``test/tasks/KEY=VALUE``; docs/task-format.md); needs ``eval_world``.
         share_prefix: compute a prefix that rows of one role share (the system prompt and tool schemas, most of a
-            short row) once per step, when it is at least this many tokens (``envace.update.micro_batches``,
-            ``envace.logprobs.token_logps``); 0 (the default) runs every row in full.
+            short row) once per step, when it is at least this many tokens (``envace.training.update.micro_batches``,
+            ``envace.policy.logprobs.token_logps``); 0 (the default) runs every row in full.
         micro_batch_tokens: most computed tokens (rows x the longest row; with ``share_prefix`` their shared prefix
             once) per forward/backward; a step's rows are packed into micro-batches under it and their gradients
             accumulated, so peak activation memory is set by this key, not by ``data.batch_size`` or the rows per
             task. 0: one micro-batch per step (every row at once, as large as the batch makes it).
         micro_batch_size: most rows per micro-batch.
-        memory_limit_gb: before the first step, the run's estimated peak memory (``envace.memory``) must fit in
+        memory_limit_gb: before the first step, the run's estimated peak memory (``envace.training.memory``) must fit in
             this many GiB, or it stops with one line naming the key to lower; None: the memory this machine (or GPU)
             has; 0: no check.
         grad_clip: clip the gradient norm of each optimiser step to this (0: no clipping; ``trainer.gradient_clip_val``
@@ -163,9 +164,9 @@ class SFTModule(PolicyModule):
     def _workload(self) -> Workload:
         """The token sizes of this run's peak, from the rows of the first training batch's tasks.
 
-        A micro-batch's tokens are those it computes (``envace.update.computed_tokens``: a shared prefix once, the
-        suffixes padded), taken as the whole budget where it fills less (a later step's may fill it); a row longer than
-        the budget gets a micro-batch of its own. Without a budget, a step is one micro-batch of every row.
+        A micro-batch's tokens are those it computes (``envace.training.update.computed_tokens``: a shared prefix once,
+        the suffixes padded), taken as the whole budget where it fills less (a later step's may fill it); a row longer
+        than the budget gets a micro-batch of its own. Without a budget, a step is one micro-batch of every row.
         Validation generates ``data.eval_batch_size`` rows at once.
         """
         datamodule = self.trainer.datamodule

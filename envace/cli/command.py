@@ -1,4 +1,4 @@
-"""The ``envace`` command: ``fit``, ``validate``, ``test`` (``envace.cli``), ``export``, ``prepare-model``.
+"""The ``envace`` command: ``fit``, ``validate``, ``test`` (``envace.cli.lightning``), ``export``, ``prepare-model``.
 
 A mistake in what the user gave (a task file, a config, a checkpoint, a command-line argument) ends the command
 with one line on stderr that names the file, line and key, and exit status 2; ``ENVACE_DEBUG=1`` shows the full
@@ -23,14 +23,14 @@ def main(args: Sequence[str] | None = None) -> None:
 def run(argv: list[str]) -> Any:
     """Run one ``envace`` command line (errors propagate); returns what the subcommand returns."""
     if argv and argv[0] == "export":
-        from envace.export import main as export
+        from envace.cli.export import main as export
 
         return export([str(a) for a in argv[1:]])
     if argv and argv[0] == "prepare-model":
-        from envace.models import main as prepare_model
+        from envace.policy.packaged import main as prepare_model
 
         return prepare_model([str(a) for a in argv[1:]])
-    from envace.cli import cli_main
+    from envace.cli.lightning import cli_main
 
     return cli_main(argv)
 

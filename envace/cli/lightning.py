@@ -2,14 +2,14 @@
 
 ``envace fit --config lit_configs/tiny.yaml --trainer.max_steps=3``; every constructor argument is a config key.
 The model defaults to ``EnvACEModule`` (a config's ``model:`` section holds its arguments directly); a config picks
-another module with ``model: {class_path: envace.sft.SFTModule, init_args: ...}``.
+another module with ``model: {class_path: envace.training.sft.SFTModule, init_args: ...}``.
 ``envace fit --model.help EnvACEModule`` lists the arguments with their docstrings. The ``envace`` command itself
-(``envace.command``) adds ``export`` and reports user mistakes in one line.
+(``envace.cli.command``) adds ``export`` and reports user mistakes in one line.
 
 Every output of a run lives under ``trainer.default_root_dir``: Lightning's default TensorBoard logger writes there
 (``<root>/lightning_logs/version_N``, checkpoints in its ``checkpoints/``), and a module's ``export_dir`` may say
-``{root}`` for it. Each Trainer also gets ``envace.progress.ProgressLines`` (a line at least every 30 s, also when
-output is redirected) unless the config lists its own.
+``{root}`` for it. Each Trainer also gets ``envace.runtime.progress.ProgressLines`` (a line at least every 30 s, also
+when output is redirected) unless the config lists its own.
 """
 
 from __future__ import annotations
@@ -28,14 +28,14 @@ from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCL
 from lightning.pytorch.plugins.io import CheckpointIO  # noqa: E402
 from lightning.pytorch.utilities import rank_zero_info  # noqa: E402
 
-from envace.checkpoint import AtomicCheckpointIO, CheckpointError, damaged_message  # noqa: E402
-from envace.cpu_precision import resolve_cpu_precision  # noqa: E402
 from envace.errors import ConfigError, parser_reason  # noqa: E402
-from envace.noise import quiet  # noqa: E402
-from envace.progress import ProgressLines  # noqa: E402
+from envace.runtime.checkpoint import AtomicCheckpointIO, CheckpointError, damaged_message  # noqa: E402
+from envace.runtime.cpu_precision import resolve_cpu_precision  # noqa: E402
+from envace.runtime.noise import quiet  # noqa: E402
+from envace.runtime.progress import ProgressLines  # noqa: E402
 
 EXPORT_HELP = "Write a checkpoint's policy as a Hugging Face model (and a LoRA policy's adapter)."
-"""``envace export`` is run by ``envace.command``; the CLI lists it among the subcommands."""
+"""``envace export`` is run by ``envace.cli.command``; the CLI lists it among the subcommands."""
 PREPARE_HELP = "Turn a GGUF checkpoint (e.g. the packaged SmolLM2-135M-Instruct) into a Hugging Face directory, once."
 
 
@@ -88,8 +88,8 @@ class EnvaceCLI(LightningCLI):
         """Default classes, so a config's ``model:`` and ``data:`` sections can hold plain arguments."""
         parser.set_defaults(
             {
-                "model": {"class_path": "envace.module.EnvACEModule"},
-                "data": {"class_path": "envace.data.datamodule.RolloutDataModule"},
+                "model": {"class_path": "envace.training.module.EnvACEModule"},
+                "data": {"class_path": "envace.training.datamodule.RolloutDataModule"},
             }
         )
 
@@ -97,7 +97,7 @@ class EnvaceCLI(LightningCLI):
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[L.Callback]) -> L.Trainer:
         """The Trainer, with atomic checkpoints and progress lines unless the config brings its own of each.
 
-        A bf16 precision on a CPU without bf16 matmul kernels becomes ``32-true`` (``envace.cpu_precision``).
+        A bf16 precision on a CPU without bf16 matmul kernels becomes ``32-true`` (``envace.runtime.cpu_precision``).
         """
         given = config.get("callbacks") or []
         if not any(isinstance(c, ProgressLines) for c in [*callbacks, *given]):
@@ -173,5 +173,5 @@ def cli_main(args: ArgsType = None, run: bool = True, cli_class: type[EnvaceCLI]
         run=run,
         save_config_kwargs={"overwrite": True},
         auto_configure_optimizers=False,
-        parser_kwargs={"exit_on_error": False},  # errors reach envace.command, which names the file and key
+        parser_kwargs={"exit_on_error": False},  # errors reach envace.cli.command, which names the file and key
     )

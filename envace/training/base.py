@@ -12,15 +12,15 @@ from lightning.pytorch.utilities import rank_zero_info
 from peft import PeftModel
 from torch import Tensor
 
-from envace.alignment import warn_long_responses
-from envace.data.datamodule import RolloutDataModule
-from envace.evaluation import PolicyEvaluator
-from envace.export import save_policy
-from envace.logprobs import PrefixCarry
-from envace.memory import GIB, FreedMemory, Workload, available_memory, check_fits, estimate
+from envace.evaluation.evaluator import PolicyEvaluator
+from envace.policy.logprobs import PrefixCarry
 from envace.rollout.collate import RolloutBatch
+from envace.training.datamodule import RolloutDataModule
+from envace.training.export import save_policy
+from envace.training.memory import GIB, FreedMemory, Workload, available_memory, check_fits, estimate
+from envace.training.update import MicroBatch, prefix_carry
 from envace.types import Task
-from envace.update import MicroBatch, prefix_carry
+from envace.world_model.alignment import warn_long_responses
 from envace.worlds.rehearse import check_rehearse_format
 
 
@@ -98,7 +98,7 @@ class PolicyModule(L.LightningModule):
         self.return_freed_memory("step")
 
     def prefix_carry(self, batch: RolloutBatch, plan: list[MicroBatch]) -> PrefixCarry | None:
-        """A ``PrefixCarry`` for a step's micro-batches (``envace.update.prefix_carry``), or None.
+        """A ``PrefixCarry`` for a step's micro-batches (``envace.training.update.prefix_carry``), or None.
 
         A shared prefix whose rows span several micro-batches is then computed once. None where nothing spans, and
         on several ranks, where a split group recomputes its prefix in each micro-batch: a carried prefix's forward
@@ -118,7 +118,7 @@ class PolicyModule(L.LightningModule):
         return loss if term is None else loss + term
 
     def return_freed_memory(self, when: Literal["between_steps", "micro_batch", "step"] = "between_steps") -> None:
-        """On CPU, give freed host memory back to the system (``envace.memory.FreedMemory``).
+        """On CPU, give freed host memory back to the system (``envace.training.memory.FreedMemory``).
 
         ``between_steps`` (after a step's rollouts or a validation): always. ``micro_batch`` (after a micro-batch's
         backward) and ``step`` (after an optimiser step): only when the allocator holds more than the micro-batches
@@ -172,8 +172,8 @@ class PolicyModule(L.LightningModule):
     def check_memory(self, work: Workload) -> None:
         """Before the first step: stop with one line naming the key to lower when the estimated peak does not fit.
 
-        The estimate (``envace.memory.estimate``) is checked against ``memory_limit_gb`` when set, else against the
-        memory this rank has (the GPU's, or the machine's that other processes leave free); ``memory_limit_gb: 0``
+        The estimate (``envace.training.memory.estimate``) is checked against ``memory_limit_gb`` when set, else against
+        the memory this rank has (the GPU's, or the machine's that other processes leave free); ``memory_limit_gb: 0``
         skips the check.
         """
         if self.memory_limit_gb == 0 or self.model is None:
@@ -189,7 +189,7 @@ class PolicyModule(L.LightningModule):
         """Most tokens one rehearsed tool response may take (``rollout.rehearse_max_new_tokens``); None: no rehearsal.
 
         Subclasses that rehearse return it: ``on_fit_start`` then warns once when recorded tool responses of the
-        training tasks are longer (``envace.alignment.warn_long_responses``).
+        training tasks are longer (``envace.world_model.alignment.warn_long_responses``).
         """
         return None
 

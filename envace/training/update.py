@@ -16,7 +16,7 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor
 
-from envace.logprobs import PrefixCarry, kept_positions, prefix_groups
+from envace.policy.logprobs import PrefixCarry, kept_positions, prefix_groups
 from envace.rollout.collate import RolloutBatch
 from envace.types import Role
 
@@ -71,9 +71,9 @@ class GRPOConfig:
             0: never stop.
         share_prefix: compute a prefix that rows share (the system prompt and tool schemas: most of a short row)
             once per step instead of once per row, when it is at least this many tokens (``micro_batches``,
-            ``envace.logprobs.token_logps``, ``envace.logprobs.PrefixCarry`` on one rank); micro-batches then hold
-            one role each, so act rows share the act prompt and rehearse rows the rehearse prompt. 0 (the default)
-            turns it off. Works with activation checkpointing (``policy.gradient_checkpointing``, every mode).
+            ``envace.policy.logprobs.token_logps``, ``envace.policy.logprobs.PrefixCarry`` on one rank); micro-batches
+            then hold one role each, so act rows share the act prompt and rehearse rows the rehearse prompt. 0 (the
+            default) turns it off. Works with activation checkpointing (``policy.gradient_checkpointing``, every mode).
     """
 
     group_size: int = 4
@@ -138,7 +138,7 @@ class MicroBatch(NamedTuple):
     rows: Tensor
     """Indices of the rows in their batch.  # [n]"""
     groups: Groups | None = None
-    """``(positions in rows, prefix)`` for ``envace.logprobs.token_logps(groups=...)``; None: no sharing planned."""
+    """``(positions in rows, prefix)`` for ``logprobs.token_logps(groups=...)``; None: no sharing planned."""
 
 
 def part_cost(rows: list[int], prefix: int, lengths: list[int]) -> int:
@@ -187,10 +187,10 @@ def micro_batches(batch: RolloutBatch, rows: Tensor, max_rows: int, max_tokens: 
 
     Rows are sorted longest first, so rows of similar length share a micro-batch (less padding; ``pack_rows``). With
     ``by_role`` (role adapters) or ``share_prefix``, every micro-batch holds rows of one role only. With
-    ``share_prefix`` the prefix groups are planned once for all the rows of a role (``envace.logprobs.prefix_groups``:
-    the act rows' system prompt and tool schemas, each task's rehearse prompt) and packed group by group
-    (``pack_groups``, a prefix costed once per micro-batch); a group that spans micro-batches keeps its prefix, so a
-    ``PrefixCarry`` (``prefix_carry``) can compute it once.
+    ``share_prefix`` the prefix groups are planned once for all the rows of a role
+    (``envace.policy.logprobs.prefix_groups``: the act rows' system prompt and tool schemas, each task's rehearse
+    prompt) and packed group by group (``pack_groups``, a prefix costed once per micro-batch); a group that spans
+    micro-batches keeps its prefix, so a ``PrefixCarry`` (``prefix_carry``) can compute it once.
 
     Args:
         batch: the rows' batch.

@@ -23,38 +23,38 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from peft import PeftModel
 from torch import Tensor
 
-from envace.advantages import group_advantages, role_group_ids
-from envace.alignment import AlignmentRows, DemonstrationRows
-from envace.audit import WorldAudit
-from envace.base_module import PolicyModule
-from envace.checkpoint import rng_state, set_rng_state
-from envace.distributed import fully_shard_layers, peer_any, peer_max
-from envace.evaluation import PolicyEvaluator, policy_engine
-from envace.fidelity import reference_probes, rehearse_probes
-from envace.guard import CollusionGuard
-from envace.logprobs import PrefixCarry, token_logps
+from envace.evaluation.evaluator import PolicyEvaluator, policy_engine
+from envace.evaluation.metrics import failure_causes, rollout_metrics
 from envace.losses.aggregation import TokenAggregator, TokenMean, role_weights
 from envace.losses.engine_gap import engine_correction
 from envace.losses.objective import LossWeights, envace_objective
 from envace.losses.policy import ClippedPolicyLoss
-from envace.memory import Workload
-from envace.metrics import failure_causes, rollout_metrics
 from envace.policy.chat import check_chat_template
 from envace.policy.hf import Policy, adapter_context
-from envace.private_rehearsal import PrivateRehearsal, Selector
-from envace.quality import WorldQuality
+from envace.policy.logprobs import PrefixCarry, token_logps
 from envace.rewards.base import Reward
 from envace.rewards.checklist import mask_groups_with_failed_judging
+from envace.rewards.scoring import score_episodes
 from envace.rewards.shaping import PredictionErrorShaping
 from envace.rewards.task_success import TaskSuccess
 from envace.rollout.collate import RolloutBatch, collate, role_rows
+from envace.rollout.private_rehearsal import PrivateRehearsal, Selector
 from envace.rollout.runner import EpisodeRunner, RolloutConfig
-from envace.scoring import score_episodes
+from envace.runtime.checkpoint import rng_state, set_rng_state
+from envace.runtime.distributed import fully_shard_layers, peer_any, peer_max
+from envace.training.advantages import group_advantages, role_group_ids
+from envace.training.base import PolicyModule
+from envace.training.memory import Workload
+from envace.training.update import Groups, GRPOConfig, MicroBatch, mean_stats, micro_batches, sum_heads
 from envace.types import Episode, Role, Sample, Task
-from envace.update import Groups, GRPOConfig, MicroBatch, mean_stats, micro_batches, sum_heads
-from envace.users import ModelUser
+from envace.world_model.alignment import AlignmentRows, DemonstrationRows
+from envace.world_model.audit import WorldAudit
+from envace.world_model.fidelity import reference_probes, rehearse_probes
+from envace.world_model.guard import CollusionGuard
+from envace.world_model.quality import WorldQuality
 from envace.worlds.base import World
 from envace.worlds.rehearse import RehearseWorld, alignment_prompter
+from envace.worlds.users import ModelUser
 
 log = logging.getLogger(__name__)
 
@@ -107,13 +107,15 @@ class EnvACEModule(PolicyModule):
         user: a simulated user (a local model that is never trained) writing the user turns of tasks with
             ``Task.user`` after their scripted ones, in training and evaluation (tau^2's user-mode tasks).
         test_rehearsal: under ``envace test``, rehearse privately before committed act turns (the paper's test-time
-            claim; ``envace.private_rehearsal``), e.g. ``--model.test_rehearsal.rehearsals=4``. None acts plainly.
-        rehearsal_selector: what a rehearsal commits: ``envace.private_rehearsal.MemoryCommit`` (default: the act
+            claim; ``envace.rollout.private_rehearsal``), e.g. ``--model.test_rehearsal.rehearsals=4``. None acts
+            plainly.
+        rehearsal_selector: what a rehearsal commits: ``envace.rollout.private_rehearsal.MemoryCommit`` (default: the
+        act
             role writes the turn with the rehearsal memory), ``MajorityCommit`` or ``JudgedCommit``.
         test_group_by: under ``envace test``, also log success per value of this key of the tasks' ``metadata``:
             ``test/success_act/KEY=VALUE`` and ``test/tasks/KEY=VALUE`` (tasks without the key: ``KEY=none``;
             docs/task-format.md). None logs the overall success only.
-        memory_limit_gb: before the first step, the run's estimated peak memory (``envace.memory``) must fit in
+        memory_limit_gb: before the first step, the run's estimated peak memory (``envace.training.memory``) must fit in
             this many GiB, or it stops with one line naming the key to lower; None: the memory this machine (or GPU)
             has; 0: no check.
     """
@@ -288,7 +290,7 @@ class EnvACEModule(PolicyModule):
         engine.wake_up()
         if self._engine_step == int(self.global_step):
             return None
-        from envace.rollout.weights import policy_weights, write_adapter
+        from envace.engines.weights import policy_weights, write_adapter
 
         if self.role_adapters:  # the base is frozen: each role's adapter goes through vLLM's LoRA support
             if self._adapter_dir is None:
@@ -586,7 +588,7 @@ class EnvACEModule(PolicyModule):
             self.manual_backward(logits.sum() * 0.0)
 
     def _micro_batches(self, batch: RolloutBatch, rows: Tensor) -> Iterator[MicroBatch]:
-        """``envace.update.micro_batches`` under ``grpo``'s caps; one role per micro-batch with role adapters."""
+        """``update.micro_batches`` under ``grpo``'s caps; one role per micro-batch with role adapters."""
         g = self.grpo
         return micro_batches(batch, rows, g.micro_batch_size, g.micro_batch_tokens, by_role=bool(self.role_adapters),
                              share_prefix=g.share_prefix)
