@@ -2,8 +2,8 @@
 
 The policy is an exported envace checkpoint (any Hugging Face causal LM directory with its tokenizer and chat
 template; ``--model tiny`` builds the tiny random model, a smoke test), or ``--model gold``: the gold-replay policies
-(``bfcl.GoldPolicy`` for multi-turn, ``bfcl_ast.GoldASTEngine`` for single-turn, ``tau2.GoldSoloPolicy`` for tau^2
-solo), the harness check. Each benchmark is scored by its own rules:
+(``bfcl.GoldPolicy`` for multi-turn, ``bfcl_ast_gold.GoldASTEngine`` for single-turn, ``tau2_eval.GoldSoloPolicy`` for
+tau^2 solo), the harness check. Each benchmark is scored by its own rules:
 
 - **BFCL-v4** (``--bfcl-categories``, default: the four multi-turn categories and every single-turn category that
   runs offline, i.e. the full offline BFCL; ``--bfcl-limit`` entries each): multi-turn by BFCL's
@@ -54,20 +54,20 @@ from typing import Any  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from envace.benchmarks import bfcl, bfcl_ast, tau2  # noqa: E402
+from envace.benchmarks import bfcl, bfcl_ast, bfcl_ast_gold, bfcl_data, tau2, tau2_eval, tau2_rules, tau2_tasks  # noqa: E402
 from envace.benchmarks.suite import BFCL_COMPONENTS, ORDER_MATCH_NOTE, bfcl_key, describe_model  # noqa: E402
-from envace.rollout.runner import RolloutConfig  # noqa: E402
+from envace.rollout.config import RolloutConfig  # noqa: E402
 
-OFFLINE_BFCL = [*bfcl.MULTI_TURN, *bfcl_ast.SINGLE_TURN]
+OFFLINE_BFCL = [*bfcl_data.MULTI_TURN, *bfcl_ast.SINGLE_TURN]
 """The default categories: every BFCL-v4 category that runs offline."""
 
 BFCL_ROLLOUT = RolloutConfig(act_temperature=0.0, max_turns=100_000, max_tool_calls=100_000,
                              max_context_tokens=32768)
 """``bfcl.evaluate_multi_turn``'s default budgets: none below BFCL's own loop (21 steps per turn), a 32k context."""
 
-TAU2_ROLLOUT = RolloutConfig(act_temperature=0.0, max_turns=tau2.MAX_STEPS, max_tool_calls=100_000,
+TAU2_ROLLOUT = RolloutConfig(act_temperature=0.0, max_turns=tau2_rules.MAX_STEPS, max_tool_calls=100_000,
                              max_context_tokens=65536)
-"""``tau2.evaluate``'s default budgets: none below the Orchestrator's own limits (200 steps, 10 errors)."""
+"""``tau2_eval.evaluate``'s default budgets: none below the Orchestrator's own limits (200 steps, 10 errors)."""
 
 
 def progress(line: str) -> None:
@@ -76,10 +76,10 @@ def progress(line: str) -> None:
 
 
 def check_category(category: str) -> None:
-    """Refuse a category no harness runs: with its reason (``bfcl.NOT_RUN``), else the valid list."""
-    if category in bfcl.MULTI_TURN or category in bfcl_ast.SINGLE_TURN:
+    """Refuse a category no harness runs: with its reason (``bfcl_data.NOT_RUN``), else the valid list."""
+    if category in bfcl_data.MULTI_TURN or category in bfcl_ast.SINGLE_TURN:
         return
-    bfcl.refuse_not_run(category)
+    bfcl_data.refuse_not_run(category)
     raise ValueError(f"unknown BFCL category '{category}'; valid: {', '.join(OFFLINE_BFCL)}")
 
 
@@ -147,7 +147,7 @@ def rehearsal_of(args: argparse.Namespace) -> tuple[Any, Any]:
 def run_multi_turn(category: str, engine: Any, tokenizer: Any, limit: int | None, rollout: RolloutConfig,
                    split: str = "all", rehearsal: tuple[Any, Any] = (None, None)) -> dict[str, Any]:
     """One BFCL multi-turn category: accuracy and the verdict per entry (the gold policy: one entry at a time)."""
-    entries = bfcl.load_split(category, split, limit=limit)
+    entries = bfcl_data.load_split(category, split, limit=limit)
     if engine is None:
         valid = {e.id: bfcl.evaluate_multi_turn([e], bfcl.GoldPolicy(e, tokenizer), tokenizer, rollout)["valid"][e.id]
                  for e in entries}
@@ -160,7 +160,7 @@ def run_single_turn(category: str, engine: Any, tokenizer: Any, limit: int | Non
                     ) -> dict[str, Any]:
     """One BFCL single-turn category (gold: ``GoldASTEngine``): accuracy and the verdict per entry."""
     entries = bfcl_ast.load_single_turn(category, limit=limit)
-    engine = engine or bfcl_ast.GoldASTEngine(entries, tokenizer)
+    engine = engine or bfcl_ast_gold.GoldASTEngine(entries, tokenizer)
     valid = bfcl_ast.evaluate_single_turn(entries, engine, tokenizer, max_new_tokens=max_new_tokens)["valid"]
     return {"accuracy": sum(valid.values()) / len(valid), "valid": valid, "entries": len(valid)}
 
@@ -171,7 +171,7 @@ def run_bfcl(categories: list[str], engine: Any, tokenizer: Any, args: argparse.
     results: dict[str, Any] = {}
     for category in categories:
         start = time.perf_counter()
-        if category in bfcl.MULTI_TURN:
+        if category in bfcl_data.MULTI_TURN:
             results[category] = run_multi_turn(category, engine, tokenizer, args.bfcl_limit, rollout, args.bfcl_split,
                                                rehearsal_of(args))
         else:
@@ -194,16 +194,16 @@ def run_tau2(domain: str, engine: Any, tokenizer: Any, user: Any, args: argparse
     if engine is None:  # gold, solo only (checked in main)
         result = {"rewards": {}, "failed": {}}
         for task in tasks:
-            result["rewards"].update(tau2.evaluate_solo([task], tau2.GoldSoloPolicy(task, tokenizer), tokenizer,
-                                                        domain=domain)["rewards"])
+            result["rewards"].update(tau2_eval.evaluate_solo([task], tau2_eval.GoldSoloPolicy(task, tokenizer),
+                                                             tokenizer, domain=domain)["rewards"])
         result["pass_hat"] = {1: pass_hat_k([[r >= 1.0 for r in rs] for rs in result["rewards"].values()], 1)}
         result["floor"] = sum(tau2.reward(t, tau2.null_trajectory(), domain, solo=True) for t in tasks) / len(tasks)
     else:
         rollout = replace(TAU2_ROLLOUT, act_max_new_tokens=args.act_max_new_tokens or TAU2_ROLLOUT.act_max_new_tokens,
                           max_user_turns=args.max_user_turns)
         budget, selector = rehearsal_of(args)
-        result = tau2.evaluate(tasks, engine, tokenizer, domain, args.tau2_mode, user=user, rollout=rollout,
-                               trials=args.tau2_trials, rehearsal=budget, selector=selector)
+        result = tau2_eval.evaluate(tasks, engine, tokenizer, domain, args.tau2_mode, user=user, rollout=rollout,
+                                    trials=args.tau2_trials, rehearsal=budget, selector=selector)
     out = {k: result[k] for k in ("pass_hat", "floor", "rewards", "failed")}
     out["user_model"] = "none (solo)" if args.tau2_mode == "solo" else describe_model(user)
     seconds = time.perf_counter() - start
@@ -258,7 +258,7 @@ def bfcl_lines(result: dict[str, Any], model: str, limit: int | None) -> list[st
     """Per-category accuracy, then the aggregate with its components and its note."""
     lines = ["| BFCL-v4 category (offline) | checker | policy | entries | accuracy | s |", "|---|---|---|---|---|---|"]
     for category, r in result["categories"].items():
-        checker = "multi_turn_checker" if category in bfcl.MULTI_TURN else (
+        checker = "multi_turn_checker" if category in bfcl_data.MULTI_TURN else (
             "relevance rule" if category in bfcl_ast.IRRELEVANCE + bfcl_ast.RELEVANCE else "AST checker")
         lines.append(f"| {category} | {checker} | {model} | {r['entries']} | {r['accuracy']:.3f} | "
                      f"{r['seconds']:.0f} |")
@@ -344,7 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--bfcl-categories", nargs="*", default=OFFLINE_BFCL, metavar="CATEGORY",
                         help="BFCL categories, multi-turn and single-turn (default: every offline one; none: no BFCL)")
     parser.add_argument("--bfcl-limit", type=int, default=None, help="first entries of each category (default: all)")
-    parser.add_argument("--bfcl-split", default="all", choices=bfcl.SPLITS,
+    parser.add_argument("--bfcl-split", default="all", choices=bfcl_data.SPLITS,
                         help="multi-turn entries: all 200, or the eval ids held out of training exports (or train)")
     parser.add_argument("--rehearsals", type=int, default=0,
                         help="private rehearsal: imagined attempts before each committed turn (BFCL multi-turn, tau^2)")
@@ -356,7 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="what a rehearsal commits (envace.rollout.private_rehearsal)")
     parser.add_argument("--tau2-domains", nargs="*", default=["telecom"], choices=tau2.DOMAINS, metavar="DOMAIN",
                         help=f"tau^2 domains, of {', '.join(tau2.DOMAINS)} (default: telecom; none: no tau^2)")
-    parser.add_argument("--tau2-mode", default="solo", choices=tau2.MODES, help="solo (telecom only) or user")
+    parser.add_argument("--tau2-mode", default="solo", choices=tau2_tasks.MODES, help="solo (telecom only) or user")
     parser.add_argument("--tau2-split", default="test", choices=tau2.SPLITS)
     parser.add_argument("--tau2-limit", type=int, default=None, help="first tasks per domain (default: the split)")
     parser.add_argument("--tau2-trials", "--trials", type=int, default=1, help="trials per task (pass^1..pass^k)")

@@ -1,7 +1,7 @@
 """Harness validation: the benchmark harnesses score a gold-replay policy 100% and a do-nothing policy at the floor.
 
 - **BFCL-v4 multi-turn** (all four categories, every entry by default): the ground-truth calls, parsed with
-  ``envace.benchmarks.bfcl.parse_calls`` and checked by BFCL's own ``multi_turn_checker``, must be valid; the gold
+  ``envace.benchmarks.bfcl_env.parse_calls`` and checked by BFCL's own ``multi_turn_checker``, must be valid; the gold
   policy (``GoldPolicy``: the same calls written as ``<tool_call>`` text, through envace's rollout, schema checks and
   environments) must score 100% (not yet for miss_func, whose functions arrive mid-conversation); and the gold
   replays double as fidelity probes: a second fresh environment standing in as the rehearser must reproduce every
@@ -44,12 +44,22 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from envace.benchmarks import bfcl, bfcl_ast, parity, parity_generated, tau2  # noqa: E402
+from envace.benchmarks import (  # noqa: E402
+    bfcl,
+    bfcl_ast,
+    bfcl_ast_gold,
+    bfcl_check,
+    bfcl_data,
+    bfcl_env,
+    parity,
+    parity_generated,
+    tau2,
+)
 from envace.policy import TinyPolicy  # noqa: E402  (its tokenizer renders the gold policy's prompts)
 from envace.world_model.fidelity import score_response  # noqa: E402
 
 
-def gold_policy_accuracy(entries: list[bfcl.BFCLEntry]) -> float:
+def gold_policy_accuracy(entries: list[bfcl_data.BFCLEntry]) -> float:
     """The gold policy's accuracy through envace's rollout, scored by BFCL.
 
     Its tool-call text is parsed and executed as a policy's would be, under BFCL's inference protocol.
@@ -63,15 +73,15 @@ def gold_policy_accuracy(entries: list[bfcl.BFCLEntry]) -> float:
 def bfcl_rows(limit: int | None) -> list[tuple[str, int, float, float, float, float]]:
     """Per category: entries, gold validity, the gold policy's accuracy, fidelity EM of a fresh replay, seconds."""
     rows = []
-    for category in bfcl.MULTI_TURN:
+    for category in bfcl_data.MULTI_TURN:
         start = time.perf_counter()
-        entries = bfcl.load_multi_turn(category, limit=limit)
-        valid = [float(bfcl.check_multi_turn(e, bfcl.gold_calls(e))["valid"]) for e in entries]
+        entries = bfcl_data.load_multi_turn(category, limit=limit)
+        valid = [float(bfcl_check.check_multi_turn(e, bfcl_check.gold_calls(e))["valid"]) for e in entries]
         policy = gold_policy_accuracy(entries)
         exact = []
         for entry in entries:
-            real, rehearser = bfcl.BFCLEnvironment(entry), bfcl.BFCLEnvironment(entry)
-            for turn in bfcl.gold_calls(entry):
+            real, rehearser = bfcl_env.BFCLEnvironment(entry), bfcl_env.BFCLEnvironment(entry)
+            for turn in bfcl_check.gold_calls(entry):
                 for call in (c for step in turn for c in step):
                     exact.append(score_response(rehearser.execute(call), real.execute(call)).exact_match)
         rows.append((category, len(entries), statistics.fmean(valid), policy, statistics.fmean(exact),
@@ -86,7 +96,7 @@ def single_turn_rows(limit: int | None) -> list[tuple[str, int, float, list[tupl
     for category in bfcl_ast.SINGLE_TURN:
         start = time.perf_counter()
         entries = bfcl_ast.load_single_turn(category, limit=limit)
-        result = bfcl_ast.evaluate_single_turn(entries, bfcl_ast.GoldASTEngine(entries, tokenizer), tokenizer)
+        result = bfcl_ast.evaluate_single_turn(entries, bfcl_ast_gold.GoldASTEngine(entries, tokenizer), tokenizer)
         misses = [(e.id, _error_type(e, result["outputs"][e.id])) for e in entries if not result["valid"][e.id]]
         rows.append((category, len(entries), result["accuracy"], misses, time.perf_counter() - start))
     return rows

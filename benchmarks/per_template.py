@@ -23,7 +23,8 @@ from envace.engines.base import HFEngine  # noqa: E402
 from envace.policy import HFPolicy  # noqa: E402
 from envace.rewards import TaskSuccess  # noqa: E402
 from envace.rewards.scoring import score_episodes  # noqa: E402
-from envace.rollout.runner import EpisodeRunner, RolloutConfig  # noqa: E402
+from envace.rollout.config import RolloutConfig  # noqa: E402
+from envace.rollout.runner import EpisodeRunner  # noqa: E402
 from envace.types import Task  # noqa: E402
 from envace.worlds import RealWorld  # noqa: E402
 

@@ -37,7 +37,10 @@ from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-from controlled_study import RL_CONFIG, Job, Settings, rl_arm, run_all, warm_start, write_section  # noqa: E402
+from study_jobs import rl_arm, warm_start  # noqa: E402
+from study_plan import Job, run_all  # noqa: E402
+from study_report import write_section  # noqa: E402
+from study_settings import RL_CONFIG, Settings  # noqa: E402
 
 SECTION = "rehearsal_budget"
 POLICIES = {"envace": "a", "base": "warm"}

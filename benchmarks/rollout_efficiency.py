@@ -137,7 +137,8 @@ def rollout(model: Any, tokenizer: Any, tasks: list[Any],
 
     The context is every token of the act stream the act role did not generate (first prompt, tool responses).
     """
-    from envace.rollout.runner import EpisodeRunner, RolloutConfig
+    from envace.rollout.config import RolloutConfig
+    from envace.rollout.runner import EpisodeRunner
     from envace.worlds import RealWorld, RehearseWorld
 
     if args.engine == "vllm":

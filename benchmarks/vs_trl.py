@@ -46,6 +46,9 @@ Run from the repository root (TRL is an optional dependency: ``.venv/bin/pip ins
 
 It prints a Markdown table and, last, ``SUMMARY trl_over_envace_step_time=<f> threads=<n>``: the median over pairs
 of (TRL median step time / envace median step time); above 1 means envace is faster.
+
+The shared inputs are built by ``benchmarks/vs_trl_inputs.py`` and each side runs in ``benchmarks/vs_trl_runs.py``;
+this script parses the options, runs the alternating pairs and prints the tables.
 """
 
 from __future__ import annotations
@@ -64,361 +67,30 @@ for _key, _value in {
 import argparse  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
-import random  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
-import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
-from dataclasses import replace  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
 
-from envace.types import Episode  # noqa: E402 (light: the CLI resolves the reward's type hints against it)
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling modules, also when loaded by path
+from vs_trl_inputs import (  # noqa: E402
+    GROUP_SIZE,
+    MODEL_DIR,
+    NEW_TOKENS,
+    PROMPTS_PER_STEP,
+    TASKS_FILE,
+    build_model_dir,
+    use_model_dir,
+    write_tasks,
+)
+from vs_trl_runs import run_envace, run_trl  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 INSTALL_HINT = ".venv/bin/pip install -e '.[vs-trl]'"
 SIDES = ("envace", "trl")
-SEED = 0
-NUM_PROMPTS = 64
-PROMPTS_PER_STEP = 8
-GROUP_SIZE = 4
-NEW_TOKENS = 32
-LEARNING_RATE = 1e-5
-CLIP_EPSILON = 0.2
-MODEL_DIR = "model"  # weights, config and tokenizer: HFPolicy and from_pretrained both read one folder
-TASKS_FILE = "tasks.jsonl"
 LOAD_WARNING = 0.7
-WORDS = ("the", "account", "balance", "is", "transfer", "money", "to", "from", "please", "check", "what", "how",
-         "much", "open", "close", "card", "number", "answer", "question", "tool", "call", "result", "error", "user",
-         "assistant", "system", "you", "are", "helpful")
-
-
-# -- shared inputs -----------------------------------------------------------------------------------------------------
-
-
-def arithmetic_rows(count: int = NUM_PROMPTS) -> list[tuple[str, str]]:
-    """The benchmark's prompts and answers: ``count`` deterministic addition questions."""
-    rng = random.Random(SEED)
-    rows = []
-    for _ in range(count):
-        a, b = rng.randint(10, 99), rng.randint(10, 99)
-        rows.append((f"What is {a} + {b}? Answer with the number.", str(a + b)))
-    return rows
-
-
-def corpus_lines(count: int = 12_000) -> list[str]:
-    """Tokenizer training text: arithmetic, plain words and tool-call JSON, deterministic."""
-    rng = random.Random(SEED)
-    words = WORDS
-    lines = []
-    for i in range(count):
-        a, b = rng.randint(0, 99), rng.randint(0, 99)
-        if i % 3 == 0:
-            lines.append(f"What is {a} + {b}? Answer with the number. The answer is {a + b}.")
-        elif i % 3 == 1:
-            lines.append(" ".join(rng.choice(words) for _ in range(rng.randint(4, 12))))
-        else:
-            lines.append(json.dumps({"name": "add", "arguments": {"a": a, "b": b}}))
-    return lines
-
-
-def build_model_dir(out: Path) -> None:
-    """Build the tiny Qwen2 and its tokenizer in code and save both to ``out``.
-
-    Raises:
-        RuntimeError: the saved tokenizer's chat template is not TRL's ``qwen2_5.jinja`` byte for byte.
-    """
-    import importlib.resources as ir
-
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    tok.train_from_iterator(corpus_lines(), trainers.BpeTrainer(
-        vocab_size=2048, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
-    template = (ir.files("trl") / "chat_templates" / "qwen2_5.jinja").read_text(encoding="utf-8")
-    hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                     additional_special_tokens=["<|im_start|>", "<|im_end|>"], padding_side="left",
-                                     clean_up_tokenization_spaces=False, model_max_length=4096)
-    hf_tok.add_tokens(["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"])
-    hf_tok.chat_template = template
-    hf_tok.save_pretrained(out)
-
-    torch.manual_seed(SEED)
-    cfg = Qwen2Config(vocab_size=len(hf_tok), hidden_size=64, intermediate_size=256, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-                      tie_word_embeddings=True, eos_token_id=hf_tok.convert_tokens_to_ids("<|im_end|>"),
-                      pad_token_id=hf_tok.pad_token_id, bos_token_id=None)
-    model = Qwen2ForCausalLM(cfg).float()
-    model.generation_config.eos_token_id = [cfg.eos_token_id, hf_tok.pad_token_id]
-    model.save_pretrained(out)
-    if AutoTokenizer.from_pretrained(out).chat_template != template:
-        raise RuntimeError(f"{out}: the saved chat template differs from TRL's qwen2_5.jinja")
-
-
-def use_model_dir(source: Path, out: Path) -> None:
-    """Copy a local Hugging Face model (e.g. ``models/smollm2-135m-instruct``) to ``out``, with TRL's template.
-
-    Both sides then load the same real model and tokenizer; the chat template is TRL's ``qwen2_5.jinja`` (ChatML,
-    the format SmolLM2's own template writes), set on the model's own tokenizer.
-
-    Raises:
-        RuntimeError: the tokenizer has no ChatML control tokens (``<|im_start|>``, ``<|im_end|>``).
-    """
-    import importlib.resources as ir
-
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(source)
-    vocab = tokenizer.get_vocab()
-    if "<|im_start|>" not in vocab or "<|im_end|>" not in vocab:
-        raise RuntimeError(f"{source}: its tokenizer has no <|im_start|>/<|im_end|> tokens for the ChatML template")
-    tokenizer.chat_template = (ir.files("trl") / "chat_templates" / "qwen2_5.jinja").read_text(encoding="utf-8")
-    tokenizer.save_pretrained(out)
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
-    stops = [vocab["<|im_end|>"]] + ([tokenizer.pad_token_id] if tokenizer.pad_token_id != vocab["<|im_end|>"] else [])
-    model.generation_config.eos_token_id = stops
-    model.save_pretrained(out)
-
-
-def write_tasks(path: Path) -> None:
-    """The prompts as an envace JSONL task file: one user message, no tools, the answer as a ``contains`` check."""
-    with path.open("w", encoding="utf-8") as f:
-        for i, (question, answer) in enumerate(arithmetic_rows()):
-            record = {"id": f"add-{i:02d}", "messages": [{"role": "user", "content": question}], "tools": [],
-                      "success": {"answer": {"contains": [answer]}}}
-            f.write(json.dumps(record) + "\n")
-
-
-def contains_answer(text: str, answer: str) -> float:
-    """The benchmark's reward, identical on both sides: 1.0 if ``answer`` occurs in ``text``, else 0.0."""
-    return 1.0 if answer in text else 0.0
-
-
-class ContainsAnswer:
-    """envace reward (the ``Reward`` protocol): ``contains_answer`` on the episode's final answer."""
-
-    def __call__(self, episode: Episode) -> float:
-        """Score ``episode`` against its task's first ``contains`` string."""
-        expected = episode.task.success.answer
-        return contains_answer(episode.final_answer or "", expected.contains[0] if expected else "")
-
-
-# -- envace side -------------------------------------------------------------------------------------------------------
-
-
-def envace_config(workdir: Path, max_steps: int, engine: str | None) -> dict[str, Any]:
-    """The ``envace fit`` config of the benchmark (every setting that matters written out).
-
-    Args:
-        workdir: holds the model folder and the task file; envace writes under ``workdir/envace``.
-        max_steps: optimiser steps of the run.
-        engine: ``model.rollout.engine`` (``cached`` or ``hf``); None keeps envace's default.
-    """
-    rollout = {"max_turns": 1, "act_max_new_tokens": NEW_TOKENS, "act_temperature": 1.0, "top_p": 1.0,
-               "generate_batch_size": PROMPTS_PER_STEP * GROUP_SIZE, **({"engine": engine} if engine else {})}
-    return {
-        "seed_everything": SEED,
-        "trainer": {
-            "accelerator": "cpu", "devices": 1, "precision": "32-true", "max_steps": max_steps, "min_epochs": 0,
-            "limit_val_batches": 0, "num_sanity_val_steps": 0, "check_val_every_n_epoch": None,
-            "log_every_n_steps": 1, "enable_checkpointing": False, "enable_progress_bar": False,
-            "enable_model_summary": False, "logger": False, "default_root_dir": str(workdir / "envace"),
-        },
-        "model": {
-            "policy": {"class_path": "envace.policy.HFPolicy",
-                       "init_args": {"name_or_path": str(workdir / MODEL_DIR), "dtype": "float32",
-                                     "gradient_checkpointing": False}},
-            "rewards": [{"class_path": "vs_trl.ContainsAnswer"}],
-            "rollout": rollout,
-            "grpo": {"group_size": GROUP_SIZE, "ppo_epochs": 1, "mini_batches": 1,
-                     "micro_batch_size": PROMPTS_PER_STEP * GROUP_SIZE, "micro_batch_tokens": 0,
-                     "scale_by_std": True, "align_weight": 0.0, "kl_weight": 0.0, "imitate_weight": 0.0,
-                     "grad_clip": 1.0},
-            "policy_loss": {"class_path": "envace.losses.policy.ClippedPolicyLoss",
-                            "init_args": {"clip_low": CLIP_EPSILON, "clip_high": CLIP_EPSILON, "dual_clip": None}},
-            "aggregation": {"class_path": "envace.losses.aggregation.TokenMean"},
-            "optimizer": {"class_path": "torch.optim.AdamW",
-                          "init_args": {"lr": LEARNING_RATE, "betas": [0.9, 0.999], "eps": 1e-8,
-                                        "weight_decay": 0.0, "fused": True}},
-            "lr_scheduler": {"class_path": "torch.optim.lr_scheduler.LinearLR",
-                             "init_args": {"start_factor": 1.0, "end_factor": 0.0, "total_iters": max_steps}},
-            "log_entropy": True, "eval_fidelity": False, "eval_imagined": False,
-        },
-        "data": {"train_tasks": str(workdir / TASKS_FILE), "batch_size": PROMPTS_PER_STEP, "shuffle": False,
-                 "seed": SEED},
-    }
-
-
-def timed(target: Any, sink: list[float], min_new_tokens: bool = False) -> None:
-    """Wrap ``target.generate`` (on the instance): each call's wall time goes to ``sink``.
-
-    With ``min_new_tokens`` (an envace engine), every call also gets ``SamplingParams.min_new_tokens`` equal to its
-    ``max_new_tokens``, so each completion has the full budget, as TRL's ``generation_kwargs`` make it there.
-    """
-    inner = target.generate
-
-    def generate(*args: Any, **kwargs: Any) -> Any:
-        if min_new_tokens:
-            prompts, params = args
-            args = (prompts, replace(params, min_new_tokens=params.max_new_tokens))
-        start = time.perf_counter()
-        try:
-            return inner(*args, **kwargs)
-        finally:
-            sink.append(time.perf_counter() - start)
-
-    target.generate = generate
-
-
-def run_envace(workdir: Path, max_steps: int, threads: int, engine: str | None) -> list[dict[str, float]]:
-    """One ``envace fit`` of ``max_steps`` steps in this process with rollout engine ``engine``; per-step records."""
-    from unittest import mock
-
-    import lightning as L
-    import torch
-
-    import envace.training.module
-    from envace.cli.lightning import cli_main
-    from envace.evaluation.evaluator import policy_engine
-    from envace.rollout.collate import trained_length
-
-    records: list[dict[str, float]] = []
-    generate_s: list[float] = []
-
-    def timed_engine(module: Any, model: Any, tokenizer: Any, rollout: Any, adapter: str | None = None) -> Any:
-        """envace's own engine for ``rollout.engine``, timed and with ``min_new_tokens``."""
-        built = policy_engine(module, model, tokenizer, rollout, adapter)
-        timed(built, generate_s, min_new_tokens=True)
-        return built
-
-    class StepTimer(L.Callback):
-        """Times each training step and reads what the module logged for it."""
-
-        start = 0.0
-
-        def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-            torch.set_num_threads(threads)
-
-        def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
-            now = time.perf_counter()
-            if records:
-                records[-1]["cycle_s"] = now - self.start
-            generate_s.clear()
-            self.start = now
-
-        def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
-            step_s = time.perf_counter() - self.start
-            logged = {k.removeprefix("train/"): float(v) for k, v in trainer.callback_metrics.items()}
-            episodes = pl_module.last_episodes
-            prompt = [e.act.loss_mask.index(1) if 1 in e.act.loss_mask else len(e.act.loss_mask) for e in episodes]
-            records.append({
-                "step_s": step_s, "gen_score_s": logged["rollout_time_s"], "generate_s": sum(generate_s),
-                "update_logged_s": logged["update_time_s"], "gen_tokens": logged["generated_tokens"],
-                "completions": float(len(episodes)), "prompt_tokens": statistics.mean(prompt),
-                "update_width": float(max(trained_length(e.act) for e in episodes)),  # as collate cuts the rows
-                "feedback_rows": float(sum(len(e.act.loss_mask) > p + NEW_TOKENS for e, p in zip(episodes, prompt))),
-                "reward": statistics.mean(e.reward for e in episodes), "threads": float(torch.get_num_threads()),
-            })
-
-    config_path = workdir / "envace.yaml"
-    config_path.write_text(json.dumps(envace_config(workdir, max_steps, engine), indent=1), encoding="utf-8")
-    with (mock.patch.object(envace.training.module, "policy_engine", timed_engine),
-          mock.patch.object(sys, "argv", ["envace"])):
-        cli = cli_main(["--config", str(config_path)], run=False)
-        cli.trainer.callbacks.append(StepTimer())
-        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-    return records
-
-
-# -- TRL side ----------------------------------------------------------------------------------------------------------
-
-
-def run_trl(workdir: Path, max_steps: int, threads: int, engine: str | None = None) -> list[dict[str, float]]:
-    """One ``GRPOTrainer.train`` of ``max_steps`` steps in this process; the per-step records (``engine`` unused)."""
-    import torch
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
-
-    model = AutoModelForCausalLM.from_pretrained(workdir / MODEL_DIR, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(workdir / MODEL_DIR)
-    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": q}], "answer": a}
-                                 for q, a in arithmetic_rows()])
-
-    records: list[dict[str, float]] = []
-    current: dict[str, float] = {}
-
-    def contains_answer_reward(completions: list[list[dict[str, str]]], answer: list[str], **_: Any) -> list[float]:
-        rewards = [contains_answer(c[-1]["content"], a) for c, a in zip(completions, answer, strict=True)]
-        current["reward"] = statistics.mean(rewards)
-        return rewards
-
-    generate_s: list[float] = []
-
-    class StepTimer(TrainerCallback):
-        """Times each optimiser step (``on_step_begin`` to ``on_step_end``)."""
-
-        start = 0.0
-
-        def on_train_begin(self, *args: Any, **kwargs: Any) -> None:
-            torch.set_num_threads(threads)
-
-        def on_step_begin(self, *args: Any, **kwargs: Any) -> None:
-            now = time.perf_counter()
-            if records:
-                records[-1]["cycle_s"] = now - self.start
-            current.clear()
-            generate_s.clear()
-            self.start = now
-
-        def on_step_end(self, *args: Any, **kwargs: Any) -> None:
-            step_s = time.perf_counter() - self.start
-            records.append({"step_s": step_s, "generate_s": sum(generate_s), **current,
-                            "threads": float(torch.get_num_threads())})
-
-    config = GRPOConfig(
-        output_dir=str(workdir / "trl"), report_to="none", use_cpu=True, bf16=False, fp16=False,
-        per_device_train_batch_size=PROMPTS_PER_STEP * GROUP_SIZE, gradient_accumulation_steps=1,
-        num_generations=GROUP_SIZE, max_completion_length=NEW_TOKENS, max_steps=max_steps,
-        learning_rate=LEARNING_RATE, optim="adamw_torch_fused", adam_beta1=0.9, adam_beta2=0.999,
-        adam_epsilon=1e-8, weight_decay=0.0, max_grad_norm=1.0, lr_scheduler_type="linear", warmup_steps=0,
-        logging_steps=1, use_vllm=False, beta=0.0, loss_type="dapo", epsilon=CLIP_EPSILON, scale_rewards="group",
-        num_iterations=1, mask_truncated_completions=False, temperature=1.0, top_p=1.0, top_k=0,
-        gradient_checkpointing=False, generation_kwargs={"min_new_tokens": NEW_TOKENS}, shuffle_dataset=False,
-        save_strategy="no", seed=SEED, disable_tqdm=True,
-    )
-    trainer = GRPOTrainer(model=model, reward_funcs=contains_answer_reward, args=config, train_dataset=dataset,
-                          processing_class=tokenizer, callbacks=[StepTimer()])
-    timed(trainer.model, generate_s)
-    score = trainer._generate_and_score_completions
-
-    def generate_and_score(*args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
-        out = score(*args, **kwargs)
-        current["gen_score_s"] = time.perf_counter() - start
-        completion_mask, prompt_mask = out["completion_mask"], out["prompt_mask"]
-        current["gen_tokens"] = float(completion_mask.sum())
-        current["completions"] = float(completion_mask.shape[0])
-        current["prompt_tokens"] = float(prompt_mask.sum(-1).float().mean())
-        current["update_width"] = float(prompt_mask.shape[1] + completion_mask.shape[1])
-        current["feedback_rows"] = 0.0  # TRL appends nothing after a completion
-        return out
-
-    trainer._generate_and_score_completions = generate_and_score
-    trainer.train()
-    return records
 
 
 # -- orchestration -----------------------------------------------------------------------------------------------------
@@ -554,7 +226,7 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"pair {pair + 1}/{args.pairs}: {side} ...", flush=True)  # noqa: T201
                 results.append((side, run_side(side, workdir, pair, args)))
     threads = {int(s["threads"]) for _, steps in results for s in steps}
-    from envace.rollout.runner import RolloutConfig
+    from envace.rollout.config import RolloutConfig
 
     engine = args.engine or RolloutConfig().engine
     model = args.model or "the tiny Qwen2 built in code"

@@ -58,7 +58,7 @@ from envace.benchmarks.suite import (
     split_bfcl_categories,
 )
 from envace.engines.chat_model import ChatModel
-from envace.rollout.runner import RolloutConfig
+from envace.rollout.config import RolloutConfig
 
 
 def _check_limits(**limits: int | None) -> None:
@@ -84,13 +84,13 @@ def _existing_file(name: str, path: str) -> Path:
 
 def _tau2_domains(domains: list[str] | None, split: str | None, mode: str, user: ChatModel | None) -> list[str]:
     """The tau^2 domains to run, checked with the split, the mode and the user model ([] when tau^2 is off)."""
-    from envace.benchmarks import tau2
+    from envace.benchmarks import tau2, tau2_tasks
 
     chosen = ["telecom"] if domains is None else list(domains)
     if split is not None and split not in tau2.SPLITS:
         raise ValueError(f"tau2_split: '{split}'; valid: {', '.join(tau2.SPLITS)} or null")
-    if mode not in tau2.MODES:
-        raise ValueError(f"tau2_mode: '{mode}'; valid: {', '.join(tau2.MODES)}")
+    if mode not in tau2_tasks.MODES:
+        raise ValueError(f"tau2_mode: '{mode}'; valid: {', '.join(tau2_tasks.MODES)}")
     for domain in chosen:
         if domain not in tau2.DOMAINS:
             raise ValueError(f"tau2_domains: unknown domain '{domain}'; valid: {', '.join(tau2.DOMAINS)}")
@@ -188,7 +188,7 @@ class BenchmarkEvaluation(L.Callback):
         every_n_steps: evaluate every this many optimiser steps (0: only at the end).
         at_fit_end: evaluate when ``fit`` ends.
         on_test: evaluate at the end of ``envace test`` (a checkpoint's scores).
-        bfcl_categories: BFCL categories: multi-turn (``envace.benchmarks.bfcl.MULTI_TURN``) and single-turn
+        bfcl_categories: BFCL categories: multi-turn (``envace.benchmarks.bfcl_data.MULTI_TURN``) and single-turn
             (``envace.benchmarks.bfcl_ast.SINGLE_TURN``); default ``[multi_turn_base]``; empty: no BFCL.
         bfcl_limit: first entries of each category (None: all).
         bfcl_split: multi-turn entries to run: ``all`` (the benchmark's 200), or ``eval`` (the ids held out of
@@ -311,12 +311,12 @@ class BenchmarkEvaluation(L.Callback):
 
     def _bfcl(self, engine: Any, tokenizer: Any, report: Report) -> None:
         """The BFCL categories, each through its harness, then the offline aggregate of those that ran."""
-        from envace.benchmarks import bfcl, bfcl_ast
+        from envace.benchmarks import bfcl, bfcl_ast, bfcl_data
 
         accuracy: dict[str, float] = {}
         counts: dict[str, int] = {}
         for category in self.multi_turn:
-            entries = bfcl.load_split(category, self.bfcl_split, limit=self.bfcl_limit)
+            entries = bfcl_data.load_split(category, self.bfcl_split, limit=self.bfcl_limit)
             result = bfcl.evaluate_multi_turn(entries, engine, tokenizer, replace(self.rollout))
             accuracy[category], counts[category] = result["accuracy"], len(entries)
             report.details[bfcl_key(category)] = result["valid"]
@@ -357,14 +357,15 @@ class BenchmarkEvaluation(L.Callback):
 
     def _tau2(self, engine: Any, tokenizer: Any, report: Report) -> None:
         """Each tau^2 domain in the chosen mode: pass^k with the floor next to it, and the user model named."""
-        from envace.benchmarks import tau2
+        from envace.benchmarks import tau2, tau2_eval
 
         solo = self.tau2_mode == "solo"
         who = "none (solo)" if solo else describe_model(self.user)
         for domain in self.tau2_domains:
             tasks = tau2.load_tasks(domain, self.tau2_split)[: self.tau2_limit]
-            result = tau2.evaluate(tasks, engine, tokenizer, domain, self.tau2_mode, user=None if solo else self.user,
-                                   rollout=replace(self.rollout), trials=self.tau2_trials)
+            result = tau2_eval.evaluate(tasks, engine, tokenizer, domain, self.tau2_mode,
+                                        user=None if solo else self.user, rollout=replace(self.rollout),
+                                        trials=self.tau2_trials)
             name = f"tau2_{domain}_{self.tau2_mode}"
             for k, value in result["pass_hat"].items():
                 report.add(f"{name}_pass{k}", value, floor=result["floor"], note=f"user: {who}")

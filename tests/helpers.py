@@ -241,7 +241,8 @@ def run_oracle(tokenizer: PreTrainedTokenizerBase, tasks: list[Any], turns: list
     All episodes run together, so the act engine's script interleaves them: step k asks every episode still running,
     in order. Every scripted turn must be used.
     """
-    from envace.rollout.runner import EpisodeRunner, RolloutConfig
+    from envace.rollout.config import RolloutConfig
+    from envace.rollout.runner import EpisodeRunner
     from envace.worlds import RealWorld
 
     script = [t[k] for k in range(max(map(len, turns))) for t in turns if len(t) > k]

@@ -16,14 +16,8 @@ Scoring:
 - ``irrelevance`` and ``live_irrelevance`` are correct when the output holds no decodable call, ``live_relevance``
   when it holds at least one (BFCL's ``relevance_file_runner`` rule); live_relevance is reported, not aggregated.
 
-The checker shim: ``bfcl_eval.eval_checker.ast_eval.ast_checker`` imports ``bfcl_eval.constants.model_config``,
-which imports every model SDK BFCL supports (not installed with ``--no-deps``). The checker reads one thing from
-it: ``MODEL_CONFIG_MAPPING[model_name.replace("_", "/")].underscore_to_dot``, which says whether the model's
-function names had ``.`` turned into ``_``. ``load_checker`` imports the real module when it imports; otherwise it
-runs the checker's own source file under a private module name, with a stand-in ``model_config`` (one key,
-``CHECKER_MODEL_NAME``, ``underscore_to_dot=False``: envace keeps dotted names) present in ``sys.modules`` only
-while that source runs. ``sys.modules`` is left as it was: the stand-in is removed (or the previous module put
-back), and the ``bfcl_eval`` modules a failed real import left behind are dropped.
+BFCL's checker is loaded by ``envace.benchmarks.bfcl_ast_checker`` (without the model SDKs its model table imports);
+gold outputs that validate the harness are written by ``envace.benchmarks.bfcl_ast_gold``.
 
 Safety: model output is never ``eval``ed. Calls are read with ``json`` (``bfcl_loop.decode_ast``), and BFCL's AST
 checker compares values and runs regex-based Java/JavaScript type converters; it does not ``eval`` either.
@@ -32,17 +26,12 @@ checker compares values and runs regex-based Java/JavaScript type converters; it
 from __future__ import annotations
 
 import copy
-import importlib
-import importlib.util
-import json
-import sys
-from collections import deque
 from dataclasses import dataclass, field
 from functools import cache
-from types import ModuleType, SimpleNamespace
 from typing import Any
 
-from envace.benchmarks.bfcl import MULTI_TURN, _data_dir, _json_schema, _jsonl, refuse_not_run, require_bfcl
+from envace.benchmarks.bfcl_ast_checker import CHECKER_MODEL_NAME, load_checker
+from envace.benchmarks.bfcl_data import MULTI_TURN, _data_dir, _json_schema, _jsonl, refuse_not_run
 
 SIMPLE = ("simple_python", "simple_java", "simple_javascript")
 """The three ``simple`` categories (their mean is BFCL's ``simple``)."""
@@ -64,81 +53,6 @@ RELEVANCE = ("live_relevance",)
 
 SINGLE_TURN = AST_CATEGORIES + IRRELEVANCE + RELEVANCE
 """Every category this module loads."""
-
-CHECKER_MODEL_NAME = "Qwen_Qwen3-8B-FC"
-"""The model name handed to BFCL's checker: a real ``MODEL_CONFIG_MAPPING`` key (``/`` written ``_``, as BFCL
-does) whose ``underscore_to_dot`` is False, the same answer the stand-in gives."""
-
-NO_CALL_GOLD = "None of the provided functions can do this."
-"""The gold output of an irrelevance entry: plain text."""
-
-_CHECKER = "bfcl_eval.eval_checker.ast_eval.ast_checker"
-_MODEL_CONFIG = "bfcl_eval.constants.model_config"
-_PRIVATE_CHECKER = "_envace_bfcl_ast_checker"
-_CHECKER_NEEDS = (  # the checker's real imports, loaded before trying it so a failed try never drops them
-    "bfcl_eval.constants.enums",
-    "bfcl_eval.constants.type_mappings",
-    "bfcl_eval.eval_checker.ast_eval.type_convertor.java_type_converter",
-    "bfcl_eval.eval_checker.ast_eval.type_convertor.js_type_converter",
-)
-_ABSENT = object()
-
-# ---------------------------------------------------------------------------------------------------------------------
-# BFCL's checker
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-@cache
-def load_checker() -> ModuleType:
-    """BFCL's ``ast_checker`` module: the real one when it imports, else its source run with a stand-in config.
-
-    Raises:
-        ImportError: bfcl-eval is not installed.
-    """
-    require_bfcl()
-    for name in _CHECKER_NEEDS:
-        importlib.import_module(name)
-    before = set(sys.modules)
-    try:
-        return importlib.import_module(_CHECKER)
-    except ImportError:  # a model SDK is missing: model_config imports them all
-        _drop_new_bfcl_modules(before)
-    return _checker_from_source()
-
-
-def _drop_new_bfcl_modules(before: set[str]) -> None:
-    """Remove the ``bfcl_eval`` modules (and parent attributes) a failed import added to ``sys.modules``."""
-    for name in sorted(set(sys.modules) - before, reverse=True):
-        if not name.startswith("bfcl_eval."):
-            continue
-        module = sys.modules.pop(name)
-        parent_name, _, child = name.rpartition(".")
-        parent = sys.modules.get(parent_name)
-        if parent is not None and getattr(parent, child, None) is module:
-            delattr(parent, child)
-
-
-def _checker_from_source() -> ModuleType:
-    """Run the checker's source file as a private module, with the stand-in ``model_config`` while it runs."""
-    found = importlib.util.find_spec(_CHECKER)
-    origin = found.origin if found is not None else None
-    spec = importlib.util.spec_from_file_location(_PRIVATE_CHECKER, origin) if origin else None
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot find the source of BFCL's checker ({_CHECKER})")
-    module = importlib.util.module_from_spec(spec)
-    stand_in = ModuleType(_MODEL_CONFIG, "envace's stand-in: the one model config BFCL's AST checker reads")
-    stand_in.MODEL_CONFIG_MAPPING = {  # type: ignore[attr-defined]
-        CHECKER_MODEL_NAME.replace("_", "/"): SimpleNamespace(underscore_to_dot=False)}
-    previous = sys.modules.get(_MODEL_CONFIG, _ABSENT)
-    sys.modules[_MODEL_CONFIG] = stand_in
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        if previous is _ABSENT:
-            del sys.modules[_MODEL_CONFIG]
-        else:
-            sys.modules[_MODEL_CONFIG] = previous
-    return module
 
 
 def language(category: str) -> str:
@@ -183,7 +97,7 @@ def _check_category(category: str) -> None:
     """Refuse categories this module does not run, saying where they are (or why not)."""
     refuse_not_run(category)
     if category in MULTI_TURN or category.startswith("multi_turn"):
-        raise ValueError(f"'{category}' is a multi-turn category: use envace.benchmarks.bfcl.load_multi_turn")
+        raise ValueError(f"'{category}' is a multi-turn category: use envace.benchmarks.bfcl_data.load_multi_turn")
     if category not in SINGLE_TURN:
         raise ValueError(f"unknown BFCL single-turn category '{category}'; valid: {', '.join(SINGLE_TURN)}")
 
@@ -371,161 +285,6 @@ def evaluate_single_turn(entries: list[ASTEntry], engine: Any, tokenizer: Any, m
     return {"accuracy": sum(valid.values()) / len(valid) if valid else 0.0, "valid": valid, "outputs": outputs,
             "errors": errors, "categories": {c: passed[c] / n for c, n in counts.items()}, "counts": counts,
             "unwritable": unwritten}
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Gold outputs (harness validation)
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-def first_allowed(value: Any) -> Any:
-    """A nested answer value with every inner list of allowed values replaced by its first value.
-
-    Dicts in answers map each key to a list of allowed values (``""`` = may be omitted), at any depth (a dict
-    argument, or the dicts of a list-of-dicts argument); other lists are values.
-    """
-    if isinstance(value, dict):
-        return {k: first_allowed(v[0]) for k, v in value.items()
-                if not (isinstance(v, list) and v and v[0] == "")} if _is_alternatives(value) else value
-    if isinstance(value, list):
-        return [first_allowed(v) for v in value]
-    return value
-
-
-def _is_alternatives(value: dict[str, Any]) -> bool:
-    return all(isinstance(v, list) and v for v in value.values())
-
-
-def _java_scalar(value: Any, java_type: str | None) -> str:
-    """A scalar in Java source syntax, as BFCL's Java type converter reads it back."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return value
-    if java_type == "long":
-        return f"{value}L"
-    return f"{value}f" if java_type == "float" else str(value)
-
-
-def _java_element(value: Any) -> str:
-    """A value inside a Java collection literal (``parse_java_value`` syntax: strings quoted)."""
-    return json.dumps(value) if isinstance(value, str) else _java_scalar(value, None)
-
-
-def _java_literal(value: Any, schema: dict[str, Any]) -> str:
-    """An argument value as a string of Java source (FC mode: every Java argument is a string)."""
-    java_type, item_type = schema.get("type"), schema.get("items", {}).get("type")
-    if isinstance(value, str):
-        return value
-    if java_type == "Array":
-        items = ", ".join(v if isinstance(v, str) else _java_scalar(v, item_type) for v in value)
-        return f"new {item_type or 'Object'}[]{{{items}}}"
-    if java_type == "ArrayList":
-        quote = "'" if item_type == "char" else '"'
-        items = ", ".join(f"{quote}{v}{quote}" if isinstance(v, str) else _java_scalar(v, item_type) for v in value)
-        return f"new ArrayList<>(Arrays.asList({items}))" if value else "new ArrayList<>()"
-    if java_type == "HashMap":
-        puts = " ".join(f"put({json.dumps(k)}, {_java_element(v)});" for k, v in value.items())
-        return f"new HashMap<String, Object>() {{{{ {puts} }}}}"
-    return _java_scalar(value, java_type)
-
-
-def _js_literal(value: Any, schema: dict[str, Any]) -> str:
-    """An argument value as a string of JavaScript source (FC mode: every JavaScript argument is a string)."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if schema.get("type") == "Bigint":
-        return f"{value}n"
-    return json.dumps(value) if isinstance(value, list | dict) else str(value)
-
-
-def _encode_argument(value: Any, schema: dict[str, Any], lang: str) -> Any:
-    if lang == "java":
-        return _java_literal(value, schema)
-    return _js_literal(value, schema) if lang == "javascript" else value
-
-
-_OMIT = object()
-
-
-def _gold_value(alternatives: list[Any], required: bool, documented: bool) -> Any:
-    """The first allowed value (``_OMIT`` for ``""``, "may be omitted").
-
-    A required parameter takes its first value other than ``""``; one missing from the function doc is omitted
-    whenever the answer allows it (the checker rejects undocumented arguments).
-    """
-    if not documented and "" in alternatives:
-        return _OMIT
-    candidates = [a for a in alternatives if a != ""] if required else alternatives
-    return _OMIT if not candidates or candidates[0] == "" else first_allowed(candidates[0])
-
-
-def _gold_call(name: str, arguments: dict[str, list[Any]], doc: dict[str, Any], lang: str) -> dict[str, Any]:
-    properties, required = doc.get("properties", {}), set(doc.get("required", ()))
-    values = {p: _gold_value(alts, p in required, p in properties) for p, alts in arguments.items()}
-    return {name: {p: _encode_argument(v, properties.get(p, {}), lang) for p, v in values.items() if v is not _OMIT}}
-
-
-def gold_calls(entry: ASTEntry) -> list[dict[str, Any]]:
-    """The answer's calls, each argument at its first allowed value (``_gold_value``), as ``{name: args}``.
-
-    Java and JavaScript values are written as the language's source strings (what the policy is asked for).
-    """
-    docs = {doc["name"]: doc["parameters"] for doc in entry.functions}
-    return [_gold_call(name, arguments, docs.get(name, {}), entry.language)
-            for answer in entry.answer or [] for name, arguments in answer.items()]
-
-
-def gold_output(entry: ASTEntry) -> str:
-    """A model output that should pass: ``<tool_call>`` blocks of ``gold_calls``, or plain text for irrelevance.
-
-    live_relevance has no answer and any call passes: its gold is a call of the first function with no arguments.
-    """
-    if entry.category in IRRELEVANCE:
-        return NO_CALL_GOLD
-    calls = [{entry.functions[0]["name"]: {}}] if entry.category in RELEVANCE else gold_calls(entry)
-    return "\n".join(f"<tool_call>\n{json.dumps({'name': name, 'arguments': args}, ensure_ascii=False)}\n</tool_call>"
-                     for call in calls for name, args in call.items())
-
-
-class GoldASTEngine:
-    """An ``Engine`` that answers each known entry's prompt with its ``gold_output`` (plus the end-of-turn token).
-
-    A few entries of different categories share one prompt (e.g. a live_simple and a live_irrelevance entry with
-    the same question and functions); such a prompt gets their answers in turn, in the order of ``entries``.
-
-    Args:
-        entries: the entries it knows.
-        tokenizer: the tokenizer that renders the prompts and encodes the answers.
-        outputs: other answers than the gold ones, by entry id (scripted outputs, e.g. perturbed ones).
-    """
-
-    def __init__(self, entries: list[ASTEntry], tokenizer: Any, outputs: dict[str, str] | None = None) -> None:
-        from envace.policy.chat import encode
-
-        self.answers: dict[tuple[int, ...], deque[list[int]]] = {}
-        for entry in entries:
-            text = outputs[entry.id] if outputs and entry.id in outputs else gold_output(entry)
-            answer = encode(tokenizer, text) + [tokenizer.eos_token_id]
-            self.answers.setdefault(tuple(prompt_ids(entry, tokenizer)), deque()).append(answer)
-
-    def generate(self, prompts: list[list[int]], params: Any) -> list[Any]:
-        """The gold answer of each prompt.
-
-        Raises:
-            KeyError: a prompt of no known entry.
-        """
-        from envace.engines.base import Generation
-
-        return [Generation(list(self._next(tuple(p))), True) for p in prompts]
-
-    def _next(self, prompt: tuple[int, ...]) -> list[int]:
-        """The prompt's next answer (its answers rotate)."""
-        queue = self.answers[prompt]
-        queue.rotate(-1)
-        return queue[-1]
 
 
 # ---------------------------------------------------------------------------------------------------------------------

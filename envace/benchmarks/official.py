@@ -32,7 +32,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from envace.benchmarks import bfcl, tau2
+from envace.benchmarks import bfcl_data, tau2
 
 SDK_STUBS = (
     "anthropic", "boto3", "cohere", "datamodel_code_generator", "google.genai", "httpx", "litellm", "mistralai",
@@ -143,7 +143,7 @@ def official_imports() -> Iterator[None]:
 @cache
 def bfcl_runner() -> types.ModuleType:
     """bfcl-eval's ``eval_checker.eval_runner``."""
-    bfcl.require_bfcl()
+    bfcl_data.require_bfcl()
     with official_imports(), contextlib.redirect_stdout(io.StringIO()):
         return importlib.import_module("bfcl_eval.eval_checker.eval_runner")
 

@@ -19,7 +19,7 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
-from envace.benchmarks import tau2
+from envace.benchmarks import tau2_rules
 from envace.benchmarks.hermes import hermes_message
 from envace.benchmarks.official import ScriptExhausted, tau2_official
 
@@ -97,8 +97,8 @@ def _scripted(completion: _ScriptedCompletion) -> Iterator[None]:
 
 
 def tau2_official_run(task: Any, domain: str, solo: bool, agent_script: list[str],
-                      user_script: list[str] | None = None, max_steps: int = tau2.MAX_STEPS,
-                      max_errors: int = tau2.MAX_ERRORS) -> tuple[float, str]:
+                      user_script: list[str] | None = None, max_steps: int = tau2_rules.MAX_STEPS,
+                      max_errors: int = tau2_rules.MAX_ERRORS) -> tuple[float, str]:
     """One scripted episode through ``tau2.run.run_task``: the Orchestrator, then ``evaluate_simulation``.
 
     ``llm_agent_solo`` with ``dummy_user`` in solo mode, ``llm_agent`` with ``user_simulator`` in user mode, each

@@ -21,7 +21,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from envace.benchmarks import bfcl, bfcl_ast, tau2
+from envace.benchmarks import (
+    bfcl,
+    bfcl_ast,
+    bfcl_ast_gold,
+    bfcl_data,
+    bfcl_env,
+    tau2,
+    tau2_eval,
+    tau2_rules,
+    tau2_tasks,
+    tau2_world,
+)
 from envace.benchmarks.bfcl_loop import split_response
 
 MULTI_TURN_PER_CATEGORY = 2
@@ -50,7 +61,7 @@ class Case:
     kind: str
     outputs: tuple[str, ...]
     user: tuple[str, ...] = ()
-    limits: tuple[int, int] = (tau2.MAX_STEPS, tau2.MAX_ERRORS)
+    limits: tuple[int, int] = (tau2_rules.MAX_STEPS, tau2_rules.MAX_ERRORS)
 
     @property
     def name(self) -> str:
@@ -102,9 +113,9 @@ Step = str
 Turn = list[Step]
 
 
-def _gold_turns(entry: bfcl.BFCLEntry) -> list[list[tuple[str, dict[str, Any]]]]:
-    env = bfcl.BFCLEnvironment(entry)
-    return [[(c.name, bfcl.bind_arguments(env, c)) for text in turn for c in bfcl.parse_calls(text)]
+def _gold_turns(entry: bfcl_data.BFCLEntry) -> list[list[tuple[str, dict[str, Any]]]]:
+    env = bfcl_env.BFCLEnvironment(entry)
+    return [[(c.name, bfcl_env.bind_arguments(env, c)) for text in turn for c in bfcl_env.parse_calls(text)]
             for turn in entry.ground_truth]
 
 
@@ -113,10 +124,11 @@ def _close(turns: list[Turn]) -> tuple[str, ...]:
     return tuple(step for turn in turns for step in [*turn, "Done."])
 
 
-def _dummy_arguments(entry: bfcl.BFCLEntry, name: str, gold: list[list[tuple[str, dict[str, Any]]]]) -> dict[str, Any]:
+def _dummy_arguments(entry: bfcl_data.BFCLEntry, name: str,
+                     gold: list[list[tuple[str, dict[str, Any]]]]) -> dict[str, Any]:
     """Arguments for ``name``: what the entry's gold calls give parameters of the same name, else a value by type."""
     known = {k: v for turn in gold for _, args in turn for k, v in args.items()}
-    doc = bfcl._function_docs().get(name, {"parameters": {"properties": {}, "required": []}})
+    doc = bfcl_data._function_docs().get(name, {"parameters": {"properties": {}, "required": []}})
     by_type = {"string": "envace", "integer": 1, "float": 1.0, "number": 1.0, "boolean": True, "array": [], "dict": {}}
     properties = doc["parameters"].get("properties", {})
     return {p: known.get(p, by_type.get(properties[p].get("type", "string"), "envace"))
@@ -137,7 +149,7 @@ def _changed(value: Any) -> Any:
     return value
 
 
-def multi_turn_scripts(entry: bfcl.BFCLEntry) -> dict[str, tuple[str, ...]]:
+def multi_turn_scripts(entry: bfcl_data.BFCLEntry) -> dict[str, tuple[str, ...]]:
     """The gold answer and every perturbation that applies to the entry, as act outputs."""
     gold = _gold_turns(entry)
     base: list[Turn] = [[blocks(turn)] if turn else [] for turn in gold]
@@ -192,8 +204,8 @@ def multi_turn_scripts(entry: bfcl.BFCLEntry) -> dict[str, tuple[str, ...]]:
 def multi_turn_cases(per_category: int = MULTI_TURN_PER_CATEGORY) -> list[Case]:
     """Cases for the first ``per_category`` entries of every multi-turn category that have each feature."""
     out = []
-    for category in bfcl.MULTI_TURN:
-        for entry in bfcl.load_multi_turn(category, limit=per_category):
+    for category in bfcl_data.MULTI_TURN:
+        for entry in bfcl_data.load_multi_turn(category, limit=per_category):
             out += [Case("bfcl_multi_turn", category, entry.id, kind, script)
                     for kind, script in multi_turn_scripts(entry).items()]
     return out
@@ -202,7 +214,7 @@ def multi_turn_cases(per_category: int = MULTI_TURN_PER_CATEGORY) -> list[Case]:
 def _envace_multi_turn(case: Case, tokenizer: Any) -> tuple[bool, str, dict[str, Any]]:
     from envace.benchmarks.scripted import ScriptedPolicy
 
-    (entry,) = bfcl.load_multi_turn(case.category, ids=[case.entry_id])
+    (entry,) = bfcl_data.load_multi_turn(case.category, ids=[case.entry_id])
     result = bfcl.evaluate_multi_turn([entry], ScriptedPolicy(tokenizer, list(case.outputs)), tokenizer)
     return result["valid"][entry.id], result["errors"].get(entry.id, ""), result["results"][0]
 
@@ -214,9 +226,9 @@ def _envace_multi_turn(case: Case, tokenizer: Any) -> tuple[bool, str, dict[str,
 
 def single_turn_scripts(entry: bfcl_ast.ASTEntry) -> dict[str, str]:
     """The gold output and perturbations (wrong value, missing call, off-format outputs, plain text)."""
-    gold = bfcl_ast.gold_output(entry)
+    gold = bfcl_ast_gold.gold_output(entry)
     calls = [] if entry.category in bfcl_ast.IRRELEVANCE else (
-        [{entry.functions[0]["name"]: {}}] if entry.category in bfcl_ast.RELEVANCE else bfcl_ast.gold_calls(entry))
+        [{entry.functions[0]["name"]: {}}] if entry.category in bfcl_ast.RELEVANCE else bfcl_ast_gold.gold_calls(entry))
     pairs = [(n, a) for call in calls for n, a in call.items()]
     scripts = {"gold": gold, "plain_text": "I cannot help with that."}
     if not pairs:
@@ -248,7 +260,7 @@ def single_turn_cases(per_category: int = SINGLE_TURN_PER_CATEGORY) -> list[Case
 
 def _envace_single_turn(case: Case, tokenizer: Any) -> tuple[bool, str, dict[str, Any]]:
     (entry,) = bfcl_ast.load_single_turn(case.category, ids=[case.entry_id])
-    engine = bfcl_ast.GoldASTEngine([entry], tokenizer, outputs={entry.id: case.outputs[0]})
+    engine = bfcl_ast_gold.GoldASTEngine([entry], tokenizer, outputs={entry.id: case.outputs[0]})
     result = bfcl_ast.evaluate_single_turn([entry], engine, tokenizer)
     response = split_response(result["outputs"][entry.id])[1]  # what BFCL's inference saves: no reasoning
     return result["valid"][entry.id], result["errors"].get(entry.id, ""), {"id": entry.id, "result": response}
@@ -258,7 +270,7 @@ def _envace_single_turn(case: Case, tokenizer: Any) -> tuple[bool, str, dict[str
 # tau^2
 # ---------------------------------------------------------------------------------------------------------------------
 
-STOP = tau2.STOP_TOKEN
+STOP = tau2_tasks.STOP_TOKEN
 
 
 def _actions(task: Any, requestor: str | None = None) -> list[tuple[str, dict[str, Any]]]:
@@ -271,7 +283,7 @@ def solo_scripts(task: Any) -> dict[str, tuple[tuple[str, ...], tuple[int, int]]
     actions = _actions(task)
     calls = [block(n, a) for n, a in actions]
     done = block("done", {})
-    default = (tau2.MAX_STEPS, tau2.MAX_ERRORS)
+    default = (tau2_rules.MAX_STEPS, tau2_rules.MAX_ERRORS)
     scripts = {
         "gold": ((*calls, done), default),
         "plain_text_ending": ((*calls, "I have fixed the issue."), default),
@@ -281,9 +293,9 @@ def solo_scripts(task: Any) -> dict[str, tuple[tuple[str, ...], tuple[int, int]]
         "text_first": (("Let me look at the ticket.", *calls, done), default),
         "too_many_errors": ((*[block("envace_not_a_tool", {})] * 10, *calls, done), default),
         "unknown_arguments": ((block(actions[0][0], {"envace": 1}), *calls, done), default),
-        "step_limit": ((*calls, *calls, done), (2 * len(calls) + 1, tau2.MAX_ERRORS)),
-        "stop_on_the_limit_step": ((*calls, done), (2 * len(calls), tau2.MAX_ERRORS)),
-        "error_limit": ((*[block("envace_not_a_tool", {})] * 3, *calls, done), (tau2.MAX_STEPS, 3)),
+        "step_limit": ((*calls, *calls, done), (2 * len(calls) + 1, tau2_rules.MAX_ERRORS)),
+        "stop_on_the_limit_step": ((*calls, done), (2 * len(calls), tau2_rules.MAX_ERRORS)),
+        "error_limit": ((*[block("envace_not_a_tool", {})] * 3, *calls, done), (tau2_rules.MAX_STEPS, 3)),
     }
     return scripts
 
@@ -297,7 +309,7 @@ def user_scripts(task: Any) -> dict[str, tuple[tuple[str, ...], tuple[str, ...],
     calls = [block(n, a) for n, a in actions]
     acts = tuple(block(n, a) for n, a in _actions(task, "user"))
     said = " ".join(task.evaluation_criteria.communicate_info or []) or "Done."
-    default = (tau2.MAX_STEPS, tau2.MAX_ERRORS)
+    default = (tau2_rules.MAX_STEPS, tau2_rules.MAX_ERRORS)
     opening = "Hello, I need help with my request."
     extra_steps = 2 * len(acts)
     return {
@@ -305,7 +317,7 @@ def user_scripts(task: Any) -> dict[str, tuple[tuple[str, ...], tuple[str, ...],
         "agent_writes_stop_token": ((*calls, STOP, said), (opening, "Anything else?", *acts, STOP), default),
         "missing_action": ((*calls[:-1], said), (opening, *acts, STOP), default),
         "user_never_stops": ((*calls, said, "Sure.", "Sure."), (opening, "More?", "More?", *acts, STOP),
-                             (2 * len(calls) + 4 + extra_steps, tau2.MAX_ERRORS)),
+                             (2 * len(calls) + 4 + extra_steps, tau2_rules.MAX_ERRORS)),
         "unknown_tool": ((block("envace_not_a_tool", {}), *calls, said), (opening, *acts, STOP), default),
     }
 
@@ -344,11 +356,11 @@ def _envace_tau2(case: Case, tokenizer: Any) -> tuple[float, str]:
 
     domain, mode = case.category.split("/")
     (task,) = tau2.load_tasks(domain, "base", ids=[case.entry_id])
-    tools = tau2.Tau2UserTools() if domain in tau2.SOLO_DOMAINS else None  # the domains where the user has tools
+    tools = tau2_world.Tau2UserTools() if domain in tau2.SOLO_DOMAINS else None  # the domains where the user has tools
     user = ScriptedUser({case.entry_id: list(case.user)}, tools=tools) if mode == "user" else None
     max_steps, max_errors = case.limits
-    result = tau2.evaluate([task], ScriptedPolicy(tokenizer, list(case.outputs)), tokenizer, domain, mode,
-                           user=user, max_steps=max_steps, max_errors=max_errors)
+    result = tau2_eval.evaluate([task], ScriptedPolicy(tokenizer, list(case.outputs)), tokenizer, domain, mode,
+                                user=user, max_steps=max_steps, max_errors=max_errors)
     return result["rewards"][case.entry_id][0], result["endings"][case.entry_id][0]
 
 

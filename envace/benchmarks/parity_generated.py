@@ -12,7 +12,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from envace.benchmarks import bfcl, bfcl_ast, parity, tau2
+from envace.benchmarks import bfcl_ast, bfcl_ast_gold, bfcl_data, parity, tau2
 from envace.benchmarks import parity_families as families
 from envace.benchmarks.parity import Case, Turn
 from envace.benchmarks.parity_families import Draw
@@ -21,7 +21,7 @@ GENERATED_PER_FAMILY = 2
 """Drawn perturbations per family, entry and benchmark (``generated_cases``)."""
 
 
-def generated_multi_turn_scripts(entry: bfcl.BFCLEntry, draw: Draw, count: int) -> dict[str, tuple[str, ...]]:
+def generated_multi_turn_scripts(entry: bfcl_data.BFCLEntry, draw: Draw, count: int) -> dict[str, tuple[str, ...]]:
     """``count`` drawn perturbations per family of the entry's first turn with calls (``gen_<family>_<n>``).
 
     Every turn is then closed as in ``multi_turn_scripts``, and the script padded with closing messages.
@@ -47,8 +47,8 @@ def generated_multi_turn_cases(per_category: int = parity.MULTI_TURN_PER_CATEGOR
     They are drawn from a generator seeded by the entry id: the same cases on every run.
     """
     out = []
-    for category in bfcl.MULTI_TURN:
-        for entry in bfcl.load_multi_turn(category, limit=per_category):
+    for category in bfcl_data.MULTI_TURN:
+        for entry in bfcl_data.load_multi_turn(category, limit=per_category):
             draw = seeded_draw(entry.id)
             out += [Case("bfcl_multi_turn", category, entry.id, kind, script)
                     for kind, script in generated_multi_turn_scripts(entry, draw, count).items()]
@@ -63,7 +63,7 @@ def generated_single_turn_scripts(entry: bfcl_ast.ASTEntry, draw: Draw, count: i
     if entry.category in bfcl_ast.IRRELEVANCE or entry.category in bfcl_ast.RELEVANCE:
         pairs = [(entry.functions[0]["name"], {})]
     else:
-        pairs = [(n, a) for call in bfcl_ast.gold_calls(entry) for n, a in call.items()]
+        pairs = [(n, a) for call in bfcl_ast_gold.gold_calls(entry) for n, a in call.items()]
     return {f"gen_{family}_{n}": "\n".join(families.perturb(family, pairs, draw))
             for family in families.FAMILIES for n in range(count)}
 

@@ -27,26 +27,26 @@ def split_bfcl_categories(categories: list[str]) -> tuple[list[str], list[str]]:
 
     Raises:
         ValueError: a repeated or unknown category (the valid ones are listed), or one envace does not run
-            (``bfcl.NOT_RUN``, with the reason), each naming ``bfcl_categories``.
+            (``bfcl_data.NOT_RUN``, with the reason), each naming ``bfcl_categories``.
     """
-    from envace.benchmarks import bfcl, bfcl_ast
+    from envace.benchmarks import bfcl_ast, bfcl_data
 
     multi, single = [], []
     for category in categories:
         if category in multi or category in single:
             raise ValueError(f"bfcl_categories: '{category}' is listed twice")
-        if category in bfcl.MULTI_TURN:
+        if category in bfcl_data.MULTI_TURN:
             multi.append(category)
         elif category in bfcl_ast.SINGLE_TURN:
             single.append(category)
-        elif category in bfcl.NOT_RUN:
+        elif category in bfcl_data.NOT_RUN:
             try:
-                bfcl.refuse_not_run(category)
+                bfcl_data.refuse_not_run(category)
             except ValueError as exc:
                 raise ValueError(f"bfcl_categories: {exc}") from exc
         else:
             raise ValueError(f"bfcl_categories: unknown BFCL category '{category}'; valid: "
-                             f"{', '.join(bfcl.MULTI_TURN + bfcl_ast.SINGLE_TURN)}")
+                             f"{', '.join(bfcl_data.MULTI_TURN + bfcl_ast.SINGLE_TURN)}")
     return multi, single
 
 

@@ -13,17 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from envace.benchmarks.tau2 import (
-    DOMAINS,
-    MODES,
-    SOLO_DOMAINS,
-    episode_trajectory,
-    execute_call,
-    fresh_environment,
-    load_tasks,
-    reward,
-    to_task,
-)
+from envace.benchmarks.tau2 import DOMAINS, SOLO_DOMAINS, fresh_environment, load_tasks, reward
+from envace.benchmarks.tau2_tasks import MODES, to_task
+from envace.benchmarks.tau2_world import episode_trajectory, execute_call
 
 
 class Tau2Reward:

@@ -7,7 +7,7 @@ environments, a checkout of the benchmark's repository installed with ``pip inst
 - ``load_vita`` reads and validates a task file (errors name the file, the index or line, and the field).
 - ``VitaToolbox`` is a task's environment as an envace real environment (a toolbox: ``envace.envs.real.is_toolbox``):
   VitaBench's ``get_environment(task["environment"], language)`` answering ``get_response(ToolCall(...))``, as
-  ``envace.benchmarks.tau2.Tau2World`` does with tau^2 (VitaBench's code is adapted from tau^2-bench). Where it finds
+  ``tau2_world.Tau2World`` does with tau^2 (VitaBench's code is adapted from tau^2-bench). Where it finds
   these names is the ``BINDINGS`` seam. **Responses are not deterministic**: VitaBench hashes the wall clock into new
   order ids, so two runs of the same calls differ in those ids (normalise them before comparing responses).
 - ``to_task`` turns a task into an envace ``Task`` for a simulated user (``Task.user``): the agent greets, the user

@@ -26,7 +26,8 @@ from envace.benchmarks.vita_scoring import RubricJudge, Verdict, summarise
 from envace.engines.base import Engine
 from envace.engines.chat_model import ChatModel
 from envace.envs.real import RealEnvironment
-from envace.rollout.runner import EpisodeRunner, RolloutConfig
+from envace.rollout.config import RolloutConfig
+from envace.rollout.runner import EpisodeRunner
 from envace.types import Episode, EpisodeStats, Task
 from envace.worlds.real import RealWorld
 from envace.worlds.users import ModelUser, UserSimulator

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from envace.data.tasks import task_to_record
+from envace.data.task_records import task_to_record
 from envace.envs.real import RealEnvironment, tool_schemas_from_class
 from envace.types import EnvSpec, ExpectedAnswer, ExpectedCall, SuccessSpec, Task, ToolCall, canonical_json
 

@@ -12,7 +12,8 @@ import re
 from importlib.resources import files
 from pathlib import Path
 
-from envace.data.tasks import TaskFormatError, load_tasks
+from envace.data.task_schema import TaskFormatError
+from envace.data.tasks import load_tasks
 from envace.types import Task
 
 BUILTIN_PREFIX = "builtin:"

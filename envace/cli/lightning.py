@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,13 +24,19 @@ from typing import Any
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import lightning as L  # noqa: E402
+import torch  # noqa: E402
 from jsonargparse import set_parsing_settings  # noqa: E402
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI  # noqa: E402
 from lightning.pytorch.plugins.io import CheckpointIO  # noqa: E402
 from lightning.pytorch.utilities import rank_zero_info  # noqa: E402
 
 from envace.errors import ConfigError, parser_reason  # noqa: E402
-from envace.runtime.checkpoint import AtomicCheckpointIO, CheckpointError, damaged_message  # noqa: E402
+from envace.runtime.checkpoint import (  # noqa: E402
+    AtomicCheckpointIO,
+    CheckpointError,
+    damaged_message,
+    upgrade_class_paths,
+)
 from envace.runtime.cpu_precision import resolve_cpu_precision  # noqa: E402
 from envace.runtime.noise import quiet  # noqa: E402
 from envace.runtime.progress import ProgressLines  # noqa: E402
@@ -62,12 +69,31 @@ class EnvaceCLI(LightningCLI):
         parser._subcommands_action.add_subcommand("prepare-model", prepare, help=PREPARE_HELP)
 
     def _parse_ckpt_path(self) -> None:
-        """Lightning reads a ``--ckpt_path`` file's hyperparameters while parsing; a damaged file is named."""
+        """A ``--ckpt_path`` file's hyperparameters join the config, as in Lightning, with moved class paths renamed.
+
+        A checkpoint written before envace's layout moved names its classes by their old modules
+        (``envace.runtime.checkpoint.upgrade_class_paths``); a damaged file is named.
+        """
+        if not self.config.get("subcommand"):
+            return
+        path = self.config[self.config.subcommand].get("ckpt_path")
+        if not path or not Path(path).is_file():
+            return
         try:
-            super()._parse_ckpt_path()
+            checkpoint = torch.load(path, weights_only=True, map_location="cpu")
         except Exception as err:  # noqa: BLE001 - torch's readers raise anything on damaged bytes
-            path = self.config[self.config.subcommand].get("ckpt_path")
             raise CheckpointError(damaged_message(path, err)) from err
+        hparams = upgrade_class_paths(checkpoint.get("hyper_parameters", {}))
+        hparams.pop("_instantiator", None)
+        if not hparams:
+            return
+        if "_class_path" in hparams:
+            hparams = {"class_path": hparams.pop("_class_path"), "dict_kwargs": hparams}
+        try:
+            self.config = self.parser.parse_object({self.config.subcommand: {"model": hparams}}, self.config)
+        except SystemExit:
+            sys.stderr.write(f"Parsing of the hyperparameters of --ckpt_path {path} failed!\n")
+            raise
 
     def _prepare_subcommand_kwargs(self, subcommand: str) -> dict[str, Any]:
         """The subcommand's arguments, with ``ckpt_path="last"`` resolved under ``trainer.default_root_dir``."""

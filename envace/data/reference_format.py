@@ -33,16 +33,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from envace.data.tasks import (
-    ROLES,
-    STANDARD_KEYS,
-    TaskFormatError,
-    _FieldError,
-    _one_line,
-    _parse_task,
-    decode_json,
-    parse_checklists,
-)
+from envace.data.task_checklists import parse_checklists
+from envace.data.task_parsing import _parse_task
+from envace.data.task_schema import ROLES, STANDARD_KEYS, TaskFormatError, _FieldError, _one_line
+from envace.data.tasks import decode_json
 from envace.roles.parsing import json_type_name, loads_json
 from envace.types import Task
 

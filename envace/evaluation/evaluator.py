@@ -29,9 +29,10 @@ from envace.evaluation.metrics import COUNT_METRICS, ROLLOUT_METRICS, rollout_me
 from envace.policy.hf import adapter_context
 from envace.rewards.base import Reward
 from envace.rewards.scoring import score_episodes
+from envace.rollout.config import RolloutConfig
 from envace.rollout.private_rehearsal import PrivateRehearsal, Selector
 from envace.rollout.rehearsing import RehearsingRunner
-from envace.rollout.runner import EpisodeRunner, RolloutConfig
+from envace.rollout.runner import EpisodeRunner
 from envace.runtime.distributed import chain_contexts, full_params_context
 from envace.types import Episode, Task, canonical_json
 from envace.world_model.audit import replay, sim_to_real

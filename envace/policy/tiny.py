@@ -78,7 +78,8 @@ def domain_corpus(max_tasks: int = 96, domain: str = "bank") -> list[str]:
         carries the same chat template.
     """
     from envace.builtin.task_sets import resolve_task_path
-    from envace.data.tasks import load_tasks, reference_steps
+    from envace.data.task_reference import reference_steps
+    from envace.data.tasks import load_tasks
     from envace.roles.rehearse import build_rehearse_messages, default_system_prompt, format_result
 
     stand_in = _untrained_tokenizer()

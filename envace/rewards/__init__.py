@@ -7,8 +7,9 @@ May import: envace.worlds and the packages below it (not envace.rollout: rewards
 """
 
 from envace.rewards.base import Reward
-from envace.rewards.checklist import ChecklistReward, HTTPJudge, LocalJudge, ScriptedJudge
+from envace.rewards.checklist import ChecklistReward
 from envace.rewards.format import FormatPenalty
+from envace.rewards.judges import HTTPJudge, LocalJudge, ScriptedJudge
 from envace.rewards.observed import ObservedAnswerSuccess
 from envace.rewards.shaping import PredictionErrorShaping, leaf_f1
 from envace.rewards.task_success import TaskSuccess, task_score

@@ -17,7 +17,7 @@ import math
 from dataclasses import replace
 from typing import Any
 
-from envace.data.tasks import reference_steps
+from envace.data.task_reference import reference_steps
 from envace.rewards.task_success import normalize_answer, task_score
 from envace.types import Episode, Rehearsal, Task
 

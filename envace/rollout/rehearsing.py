@@ -20,10 +20,12 @@ from transformers import PreTrainedTokenizerBase
 from envace.engines.base import Engine, Generation, SamplingParams
 from envace.engines.stream import TokenStream, context_stream
 from envace.policy.chat import decode, encode, render
+from envace.rollout.config import RolloutConfig
 from envace.rollout.private_rehearsal import Attempt, JudgedCommit, MemoryCommit, PrivateRehearsal, Selector, attempt_of
 from envace.rollout.private_rehearsal import memory_text as format_memory
 from envace.rollout.rules import LoopRules
-from envace.rollout.runner import EpisodeRunner, RolloutConfig, _Live
+from envace.rollout.runner import EpisodeRunner
+from envace.rollout.state import _Live
 from envace.types import Episode, Role, Task
 from envace.worlds.base import World
 from envace.worlds.rehearse import RehearseWorld

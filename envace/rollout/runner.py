@@ -8,140 +8,33 @@ act role answers in plain text or a budget ends it. Malformed model output never
 Faults are isolated per episode: a world whose ``open`` raises (the environment's constructor), a reply that carries a
 ``failure`` (a toolbox that raised, an environment left unusable by a timed-out call), or a ``respond`` that raises
 (every episode of that batch) fails the episode (``EpisodeStats.fail``) and ends it; the other episodes go on.
+
+The rollout's settings are ``RolloutConfig`` (``envace.rollout.config``). ``EpisodeRunner`` keeps the turn loop; its
+user-turn steps (``envace.rollout.user_turns``) and its limit and accounting steps (``envace.rollout.limits``) are
+mixins, and the state of one running episode is ``_Live`` (``envace.rollout.state``).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
 from envace.engines.base import ContinuousEngine, Engine, Generation, SamplingParams, sessions
 from envace.engines.stream import RenderDiverged, TokenStream, append_messages, context_stream
-from envace.engines.vllm_engine import VLLMOptions
 from envace.policy.chat import TemplateError, decode
-from envace.roles.parsing import CallError, validate_call
+from envace.roles.parsing import CallError
+from envace.rollout.config import RolloutConfig
+from envace.rollout.limits import EpisodeLimits
 from envace.rollout.rules import LoopRules
-from envace.types import Episode, Rehearsal, Role, Sample, Task, ToolCall, error_text
+from envace.rollout.state import _Live
+from envace.rollout.user_turns import UserTurns
+from envace.types import Episode, Role, Sample, Task, ToolCall, error_text
 from envace.worlds.base import ToolReply, ToolRequest, World, failed_reply
-from envace.worlds.users import UserRequest, UserSimulator
-
-ErrorPolicy = Literal["feedback", "end"]
-RerenderPolicy = Literal["new_row", "error"]
-
-
-@dataclass
-class RolloutConfig:
-    """Budgets and sampling of one episode.
-
-    Attributes:
-        max_turns: most act-role turns per episode.
-        max_tool_calls: most tool calls per episode; a turn that would exceed it ends the episode.
-        max_context_tokens: cap on the act role's context (prompt plus a full turn); reaching it ends the episode.
-        act_max_new_tokens: generation budget of one act turn.
-        rehearse_max_new_tokens: generation budget of one rehearsed tool response.
-        act_temperature: act-role sampling temperature (0 = greedy).
-        rehearse_temperature: rehearse-role sampling temperature (0 = greedy).
-        top_p: nucleus mass for both roles.
-        on_call_error: what a malformed call, an unknown tool or schema-violating arguments do: ``feedback`` answers
-            with a structured error tool message so the agent can recover; ``end`` ends the episode (the reference).
-        on_world_error: the same choice for a rehearsed response that breaks the output contract.
-        check_render: debug check: after every step, assert the act token stream decodes to the chat-template render
-            of the transcript.
-        generate_batch_size: most prompts per ``generate`` call (bounds generation memory); longer batches are
-            split.
-        max_steps_per_user_turn: in a multi-turn conversation (``Task.user_turns``), most act turns per user turn;
-            reaching it moves on to the next user turn (BFCL's rule: 20). 0: no limit.
-        max_user_turns: most user turns in an episode, the first included, whether scripted (``Task.user_turns``)
-            or written by a simulated user; the episode ends when the act role answers the last one. 0: no limit.
-        validate_calls: check calls before they reach the environment: their arguments against the tool's JSON
-            schema (``INVALID_ARGUMENTS``), the tool's name (a tool the task does not have is ``UNKNOWN_TOOL``), and
-            tools a later user turn brings (``Task.tool_unlocks``), refused as unknown until then. Off, every call
-            reaches the environment, which answers as it does (an unknown name included): the protocol of
-            benchmarks whose executors check nothing before running a call (BFCL, tau^2, VitaBench).
-        engine: the policy's generation engine: ``cached`` (``CachedEngine``: each turn reuses the keys/values of
-            the turns before it, finished rows leave the batch) or ``hf`` (``HFEngine``: one ``transformers``
-            ``generate`` per call, every prompt read from scratch); both sample the same distribution. ``vllm``
-            (``VLLMEngine``): a vLLM engine colocated with the trainer, one per rank, given the policy's weights
-            before each rollout that follows an optimiser step (docs/performance.md).
-        cache_entries: with the cached engine, most sequences a rollout keeps for reuse (least recently used
-            evicted); each costs its keys and values (``2 x layers x kv_heads x head_dim`` values per token).
-        cache_tokens: with the cached engine, most tokens those sequences hold together (least recently used
-            evicted first): the bound on the store's memory whatever the batch or the sequences' length
-            (``envace.training.memory`` counts it in the peak estimate). 0: no token bound (``cache_entries`` alone).
-        on_rerender: what happens when the chat template rewrites text already in the act row as a message is
-            added (Qwen3 drops the reasoning of turns before the last user message): ``new_row`` (the EnvACE
-            authors' behaviour) closes the row and starts the next generation in a new row from the re-rendered
-            context, so a trained token is always a generated one; ``error`` refuses such a template.
-        vllm: the vLLM engine's settings (with ``engine: vllm``).
-        continuous: with an engine that takes requests one at a time (``VLLMEngine``), schedule per episode: each
-            episode's next generation (act turn or rehearsed responses) joins the engine's running batch as soon as
-            its previous one ends, instead of waiting for every episode's turn to end (lock-step micro-steps, what
-            the other engines and sharded ranks do). Episodes never see each other, so each one runs the same state
-            machine either way; only the order in which generations finish changes.
-    """
-
-    max_turns: int = 8
-    max_tool_calls: int = 16
-    max_context_tokens: int = 4096
-    act_max_new_tokens: int = 256
-    rehearse_max_new_tokens: int = 256
-    act_temperature: float = 1.0
-    rehearse_temperature: float = 1.0
-    top_p: float = 1.0
-    on_call_error: ErrorPolicy = "feedback"
-    on_world_error: ErrorPolicy = "feedback"
-    check_render: bool = False
-    generate_batch_size: int = 64
-    max_steps_per_user_turn: int = 0
-    max_user_turns: int = 0
-    validate_calls: bool = True
-    engine: Literal["cached", "hf", "vllm"] = "cached"
-    cache_entries: int = 256
-    cache_tokens: int = 65536
-    on_rerender: RerenderPolicy = "new_row"
-    vllm: VLLMOptions = field(default_factory=VLLMOptions)
-    continuous: bool = True
-
-    def __post_init__(self) -> None:
-        if self.engine not in ("cached", "hf", "vllm"):
-            raise ValueError(f"rollout.engine must be 'cached', 'hf' or 'vllm', got {self.engine!r}")
-        if self.cache_entries < 1:
-            raise ValueError(f"rollout.cache_entries must be at least 1, got {self.cache_entries}")
-        if self.cache_tokens < 0:
-            raise ValueError(f"rollout.cache_tokens must be >= 0, got {self.cache_tokens}")
-        if self.on_rerender not in ("new_row", "error"):
-            raise ValueError(f"rollout.on_rerender must be 'new_row' or 'error', got {self.on_rerender!r}")
-
-    def act_params(self) -> SamplingParams:
-        """Sampling of the act role."""
-        return SamplingParams(self.act_max_new_tokens, self.act_temperature, self.top_p)
-
-    def rehearse_params(self) -> SamplingParams:
-        """Sampling of the rehearse role."""
-        return SamplingParams(self.rehearse_max_new_tokens, self.rehearse_temperature, self.top_p)
-
-
-@dataclass
-class _Live:
-    """Mutable state of one running episode."""
-
-    episode: Episode
-    stream: TokenStream | None  # None until a simulated user has written the opening message
-    transcript: list[dict[str, Any]]  # messages as rendered: assistant content is the raw generated text
-    handle: Any
-    pending: list[ToolRequest | CallError] = field(default_factory=list)
-    done: bool = False
-    user_turn: int = 0  # index of the user turn being answered (0: the task's own messages)
-    turn_steps: int = 0  # act turns in this user turn
-    unlocked: set[str] = field(default_factory=set)  # hidden tools the user turns delivered so far brought
-    awaiting_user: bool = False  # the simulated user writes next
-    user_state: dict[str, Any] = field(default_factory=dict)  # the user simulator's scratch space
-    closed: list[TokenStream] = field(default_factory=list)  # earlier act rows (the template rewrote their text)
-    generated: list[list[list[int]]] = field(default_factory=lambda: [[]])  # per row: its act generations' ids
+from envace.worlds.users import UserSimulator
 
 
 @dataclass
@@ -153,7 +46,7 @@ class _Staged:
     generations: dict[int, Generation]
 
 
-class EpisodeRunner:
+class EpisodeRunner(UserTurns, EpisodeLimits):
     """Runs episodes of tasks with an act engine and a world.
 
     Args:
@@ -300,22 +193,6 @@ class EpisodeRunner:
         except Exception as exc:  # noqa: BLE001 - fails this episode only
             return [failed_reply(f"{type(world).__name__}.replies", exc, source="world") for _ in stage.requests]
 
-    def _apply_rules(self, live: list[_Live]) -> None:
-        """End the running episodes the loop rules end (a rule that raises fails that episode only)."""
-        for s in live:
-            if s.done:
-                continue
-            try:
-                reason = self.rules.stop_reason(s.episode)
-            except Exception as exc:  # noqa: BLE001 - a broken rule fails this episode, never the rollout
-                s.episode.stats.fail(f"{type(self.rules).__name__}.stop_reason: {error_text(exc)}")
-                s.done = True
-                continue
-            if reason:
-                s.episode.stats.stop_reason = reason
-                s.pending = []
-                s.done = True
-
     # -- episode lifecycle ------------------------------------------------------------------------------------------
 
     def _start(self, index: int, task: Task, group: int, world: World) -> _Live:
@@ -342,9 +219,6 @@ class EpisodeRunner:
             rendered = self._prompts[id(task)] = context_stream(self.tokenizer, messages, task.visible_tools())
         return TokenStream(list(rendered.ids), list(rendered.roles), list(rendered.mask), rendered.text)
 
-    def _simulates(self, task: Task) -> bool:
-        return self.user is not None and task.user is not None
-
     def _finish(self, s: _Live) -> Episode:
         stream = s.stream or TokenStream()
         act = s.episode.act
@@ -367,15 +241,6 @@ class EpisodeRunner:
             return
         for s, gen in zip(states, self._generate_act(states, engine)):
             self._take_act_turn(s, gen)
-
-    def _ready_to_act(self, states: list[_Live]) -> list[_Live]:
-        """The episodes whose act turn is due; one whose context has no room for a full turn ends here."""
-        budget = self.config.act_max_new_tokens
-        for s in states:
-            if s.stream is not None and len(s.stream) + budget > self.config.max_context_tokens:
-                s.episode.stats.context_limit = True
-                s.done = True
-        return [s for s in states if not s.done and not s.awaiting_user]
 
     def _generate_act(self, states: list[_Live], engine: Engine) -> list[Generation]:
         """The act turn of every ready episode, in one batched generation (a rehearsing runner rehearses first)."""
@@ -415,26 +280,6 @@ class EpisodeRunner:
                 s.episode.call_steps.append((s.user_turn, list(valid)))
             s.pending = [self._request(c, s, history, turn.reasoning) if isinstance(c, ToolCall) else c for c in items]
 
-    def _check(self, call: ToolCall | CallError, s: _Live) -> ToolCall | CallError:
-        if isinstance(call, CallError):
-            return call
-        task = s.episode.task
-        if not self.config.validate_calls:  # the environment answers every call, as the benchmark's own loop does
-            return call
-        hidden = task.tool(call.name) is not None and call.name in task.hidden_tools() - s.unlocked
-        if task.tool(call.name) is None or hidden:
-            s.episode.stats.unknown_tools += 1  # the error never names a hidden tool
-            available = [spec["function"]["name"] for spec in task.visible_tools()] + sorted(s.unlocked)
-            listed = ", ".join(available) or "(none)"
-            return CallError("UNKNOWN_TOOL", f"tool '{call.name}' is not available; available: {listed}")
-        error = validate_call(call, task, self.config.validate_calls)
-        if error is not None:
-            stats = s.episode.stats
-            stats.unknown_tools += int(error.code == "UNKNOWN_TOOL")
-            stats.invalid_arguments += int(error.code == "INVALID_ARGUMENTS")
-            return error
-        return call
-
     def _request(self, call: ToolCall, s: _Live, history: list[dict[str, Any]], reasoning: str) -> ToolRequest:
         ep = s.episode
         return ToolRequest(ep.task, call, history, s.handle, ep.act.episode_index, ep.group_index, reasoning)
@@ -470,22 +315,6 @@ class EpisodeRunner:
         self._deliver(s, pairs)
         self._after_tools(s, pairs)
 
-    def _record(self, s: _Live, pairs: list[tuple[ToolRequest | CallError, ToolReply | CallError]]) -> None:
-        stats = s.episode.stats
-        for req, reply in pairs:
-            if isinstance(req, ToolRequest) and isinstance(reply, ToolReply):
-                stats.real_calls += reply.real_calls
-                stats.real_answers += int(reply.source == "real")
-                stats.cache_calls += int(reply.source == "cache")
-                stats.rehearse_calls += int(reply.source in ("rehearse", "frozen"))
-                stats.rehearse_parse_errors += int(reply.parse_error)
-                stats.rehearse_truncated += int(reply.truncated)
-                stats.tool_timeouts += reply.timeouts
-                s.episode.rehearsals.append(
-                    Rehearsal(req.call, reply.content, reply.ok, reply.sample, source=reply.source,
-                              real=reply.real_content, probe=reply.probe, request=req)
-                )
-
     def _deliver(self, s: _Live, pairs: list[tuple[ToolRequest | CallError, ToolReply | CallError]]) -> None:
         """Append one tool message per call, in call order, to the transcript, the messages and the token stream."""
         new = []
@@ -496,78 +325,6 @@ class EpisodeRunner:
         s.transcript.extend({"role": "tool", "content": m["content"]} for m in new)
         s.episode.messages.extend(new)
         self._append(s, Role.TOOL)
-        if self.config.check_render:
-            self.check_render(s)
-
-    def _after_tools(self, s: _Live, pairs: list[tuple[ToolRequest | CallError, ToolReply | CallError]]) -> None:
-        stats = s.episode.stats
-        world_failed = any(isinstance(r, ToolReply) and not r.ok for _, r in pairs)
-        if world_failed and self.config.on_world_error == "end":
-            stats.ended_by_error = True
-            s.done = True
-        elif stats.act_turns >= self.config.max_turns:
-            stats.turn_limit = True
-            s.done = True
-        elif 0 < self.config.max_steps_per_user_turn <= s.turn_steps:
-            stats.step_limits += 1
-            self._next_user_turn(s, cut=True)
-
-    def _next_user_turn(self, s: _Live, cut: bool = False) -> None:
-        """Deliver the task's next user turn, hand over to the simulated user, or end the episode.
-
-        ``cut``: the act role's turn was cut by the step limit while the stream already holds the generation prompt
-        of its next message; that message is closed empty, so the stream stays the template's render.
-        """
-        turns = s.episode.task.user_turns
-        closing = [{"role": "assistant", "content": ""}] if cut else []
-        if self._user_turns_spent(s):  # scripted or simulated, the conversation ends at max_user_turns
-            s.episode.stats.user_turn_limit = s.user_turn < len(turns) or self._simulates(s.episode.task)
-            s.done = True
-            return
-        more = s.user_turn < len(turns) or self._simulates(s.episode.task)
-        if more and not cut and not self._gate_passes(s):
-            s.done = True
-            return
-        if s.user_turn < len(turns):
-            unlocks = s.episode.task.tool_unlocks
-            s.unlocked.update(unlocks[s.user_turn] if s.user_turn < len(unlocks) else ())
-            s.user_turn += 1
-            self._deliver_user(s, closing + [dict(m) for m in turns[s.user_turn - 1]])
-        elif self._simulates(s.episode.task):
-            if closing:  # the cut turn is closed now, so the user sees a finished conversation
-                s.transcript.extend(closing)
-                s.episode.messages.extend(closing)
-            s.awaiting_user = True
-        else:
-            s.done = True
-
-    def _gate_passes(self, s: _Live) -> bool:
-        """The turn gate lets the conversation go on (no gate: always); a gate that raises fails the episode."""
-        if self.turn_gate is None:
-            return True
-        try:
-            if self.turn_gate(s.episode):
-                return True
-        except Exception as exc:  # noqa: BLE001 - a broken judge fails this episode only, never the rollout
-            s.episode.stats.fail(f"turn gate: {error_text(exc)}")
-            return False
-        s.episode.stats.gate_stop = True
-        return False
-
-    def _user_turns_spent(self, s: _Live) -> bool:
-        limit = self.config.max_user_turns
-        return 0 < limit <= s.episode.stats.user_turns
-
-    def _deliver_user(self, s: _Live, messages: list[dict[str, Any]]) -> None:
-        """Append a user turn to the transcript, the messages and the act stream (built here if the user opened)."""
-        s.turn_steps = 0
-        s.episode.stats.user_turns += 1
-        s.transcript.extend(messages)
-        s.episode.messages.extend(messages)
-        if s.stream is None:
-            s.stream = context_stream(self.tokenizer, s.transcript, s.episode.task.visible_tools())
-        else:
-            self._append(s, Role.USER)
         if self.config.check_render:
             self.check_render(s)
 
@@ -590,29 +347,6 @@ class EpisodeRunner:
             s.generated.append([])
             s.stream = context_stream(self.tokenizer, s.transcript, tools)
             s.episode.stats.rerenders += 1
-
-    # -- simulated user ---------------------------------------------------------------------------------------------
-
-    def _user_step(self, states: list[_Live]) -> None:
-        """The simulated user writes the next message of every episode waiting for it (one batched call)."""
-        if not states:
-            return
-        assert self.user is not None
-        requests = [UserRequest(s.episode.task, s.episode.messages, s.user_state, s.handle, s.episode.act.episode_index)
-                    for s in states]
-        for s, reply in zip(states, self.user.respond(requests)):
-            s.awaiting_user = False
-            stats = s.episode.stats
-            if reply.failed:
-                stats.user_failures += 1
-                s.done = True
-            elif reply.stop:
-                stats.user_stop = True
-                if reply.content:  # kept in the conversation, never shown to the act role
-                    s.episode.messages.append({"role": "user", "content": reply.content})
-                s.done = True
-            else:
-                self._deliver_user(s, [{"role": "user", "content": reply.content}])
 
     def _dummy_generate(self, engine: Engine) -> None:
         engine.generate([[self.tokenizer.eos_token_id]], SamplingParams(max_new_tokens=1))

@@ -146,3 +146,49 @@ def set_rng_state(state: dict[str, Any]) -> None:
 def _as_tuple(value: Any) -> Any:
     """``random.getstate()``'s nested tuples, which a checkpoint round trip may have turned into lists."""
     return tuple(_as_tuple(v) for v in value) if isinstance(value, list | tuple) else value
+
+
+MOVED: dict[str, str] = {
+    "envace.module": "envace.training.module", "envace.sft": "envace.training.sft",
+    "envace.base_module": "envace.training.base", "envace.update": "envace.training.update",
+    "envace.advantages": "envace.training.advantages", "envace.memory": "envace.training.memory",
+    "envace.data.datamodule": "envace.training.datamodule", "envace.logprobs": "envace.policy.logprobs",
+    "envace.models": "envace.policy.packaged", "envace.chat_model": "envace.engines.chat_model",
+    "envace.rollout.engine": "envace.engines.base", "envace.rollout.kv_engine": "envace.engines.kv_engine",
+    "envace.rollout.vllm_engine": "envace.engines.vllm_engine", "envace.rollout.weights": "envace.engines.weights",
+    "envace.rollout.stream": "envace.engines.stream", "envace.users": "envace.worlds.users",
+    "envace.scoring": "envace.rewards.scoring", "envace.private_rehearsal": "envace.rollout.private_rehearsal",
+    "envace.fidelity": "envace.world_model.fidelity", "envace.audit": "envace.world_model.audit",
+    "envace.guard": "envace.world_model.guard", "envace.quality": "envace.world_model.quality",
+    "envace.alignment": "envace.world_model.alignment", "envace.evaluation": "envace.evaluation.evaluator",
+    "envace.metrics": "envace.evaluation.metrics", "envace.task_sets": "envace.builtin.task_sets",
+    "envace.noise": "envace.runtime.noise", "envace.progress": "envace.runtime.progress",
+    "envace.cpu_precision": "envace.runtime.cpu_precision", "envace.distributed": "envace.runtime.distributed",
+    "envace.checkpoint": "envace.runtime.checkpoint",
+}
+"""Modules that moved when envace's layout changed (old -> new): a class path of a checkpoint written before names
+the old module, and ``upgrade_class_paths`` renames it."""
+MOVED_CLASSES: dict[str, str] = {
+    f"envace.rewards.checklist.{name}": f"envace.rewards.judges.{name}" for name in ("HTTPJudge", "LocalJudge",
+                                                                                     "ScriptedJudge")
+}
+"""Classes that moved between modules of one package (old class path -> new), beyond ``MOVED``'s whole modules."""
+
+
+def upgrade_class_paths(value: Any) -> Any:
+    """``value`` (a checkpoint's hyperparameters: dicts, lists, strings) with every moved class path renamed.
+
+    A string is renamed when it is a class path ``envace.<module>.<Name>`` whose module moved (``MOVED``) or whose
+    class moved (``MOVED_CLASSES``), so a checkpoint written before the move resumes (``envace fit --ckpt_path``)
+    and loads (``load_from_checkpoint``) with the class paths of today. Nothing is imported.
+    """
+    if isinstance(value, dict):
+        return {key: upgrade_class_paths(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(upgrade_class_paths(item) for item in value)
+    if not isinstance(value, str) or not value.startswith("envace.") or " " in value:
+        return value
+    module, _, name = value.rpartition(".")
+    if module in MOVED and name[:1].isupper():
+        value = f"{MOVED[module]}.{name}"
+    return MOVED_CLASSES.get(value, value)

@@ -15,6 +15,7 @@ from torch import Tensor
 from envace.evaluation.evaluator import PolicyEvaluator
 from envace.policy.logprobs import PrefixCarry
 from envace.rollout.collate import RolloutBatch
+from envace.runtime.checkpoint import upgrade_class_paths
 from envace.training.datamodule import RolloutDataModule
 from envace.training.export import save_policy
 from envace.training.memory import GIB, FreedMemory, Workload, available_memory, check_fits, estimate
@@ -42,6 +43,25 @@ class PolicyModule(L.LightningModule):
     memory_limit_gb: float | None = None
     freed_memory: FreedMemory | None = None
     """When freed host memory goes back to the system (CPU; created on first use)."""
+
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path: Any, map_location: Any = None, hparams_file: Any = None,
+                             strict: bool | None = None, weights_only: bool | None = None, **kwargs: Any) -> Any:
+        """Lightning's ``load_from_checkpoint``, also for a checkpoint written before envace's layout moved.
+
+        Such a checkpoint names its module's class and its components' classes by their old modules: each moved
+        class path among its hyperparameters is passed renamed (``envace.runtime.checkpoint.upgrade_class_paths``),
+        as an override of the stored value. Arguments as Lightning's; ``weights_only`` is True unless asked otherwise.
+        """
+        weights_only = True if weights_only is None else weights_only
+        start = checkpoint_path.tell() if hasattr(checkpoint_path, "tell") else None
+        stored = torch.load(checkpoint_path, map_location="cpu", weights_only=weights_only,
+                            mmap=start is None).get("hyper_parameters", {})  # mmap: the weights are not read here
+        if start is not None:
+            checkpoint_path.seek(start)
+        moved = {key: value for key, value in upgrade_class_paths(stored).items() if value != stored.get(key)}
+        return super().load_from_checkpoint(checkpoint_path, map_location, hparams_file, strict, weights_only,
+                                            **{**moved, **kwargs})
 
     def configure_export(self, export_dir: str | None, export_best: str | None) -> None:
         """Where to export the policy at the end of ``fit``, and which weights.
@@ -117,13 +137,15 @@ class PolicyModule(L.LightningModule):
         term = carry.term() if carry is not None else None
         return loss if term is None else loss + term
 
-    def return_freed_memory(self, when: Literal["between_steps", "micro_batch", "step"] = "between_steps") -> None:
+    def return_freed_memory(self, when: Literal["between_steps", "rollout", "micro_batch", "step"] = "between_steps"
+                            ) -> None:
         """On CPU, give freed host memory back to the system (``envace.training.memory.FreedMemory``).
 
-        ``between_steps`` (after a step's rollouts or a validation): always. ``micro_batch`` (after a micro-batch's
-        backward) and ``step`` (after an optimiser step): only when the allocator holds more than the micro-batches
-        need, since freed activation blocks of rows of other lengths fragment its heap and the peak would grow with
-        the number of micro-batches, while returning memory costs the page faults of taking it back.
+        ``between_steps`` (after a validation): always. ``rollout`` (after a step's rollouts, whose engine freed its
+        keys and values), ``micro_batch`` (after a micro-batch's backward) and ``step`` (after an optimiser step): only
+        when the allocator holds more than the micro-batches need, since freed blocks of other sizes fragment its heap
+        and the peak would grow, while returning memory costs the page faults of taking it back (after every
+        rollout, that cost SmolLM2 RL a seventh of its step: docs/performance.md, "Memory").
         """
         if self.device.type != "cpu":
             return
@@ -132,7 +154,7 @@ class PolicyModule(L.LightningModule):
         if when == "between_steps":
             self.freed_memory.release()
         else:
-            self.freed_memory.check(step_end=when == "step")
+            self.freed_memory.check(step_end=when != "micro_batch")
 
     def _evaluate(self, tasks: list[Task], prefix: str) -> None:
         """Evaluate one batch of tasks and log under ``prefix/`` (subclasses implement)."""

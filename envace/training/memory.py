@@ -279,13 +279,14 @@ class FreedMemory:
     - the floor is the resident memory after a trim between steps (``release``: the weights, the optimiser state);
     - a micro-batch run on a freshly trimmed heap measures the working set: its resident memory after backward, over
       the floor; the largest so far is kept;
-    - after every micro-batch and optimiser step, resident memory more than ``1 + slack`` times that working set
-      over the floor is trimmed back (``check``). The first step, before any floor, trims after every micro-batch.
+    - after every micro-batch, optimiser step and rollout (whose engine freed its keys and values), resident memory
+      more than ``1 + slack`` times that working set over the floor is trimmed back (``check``); memory within it
+      stays for the next micro-batches to reuse. The first step, before any floor, trims after every micro-batch.
 
     So resident memory at every micro-batch's and step's end stays within ``slack`` of the largest working set
     measured (none by default), and a run whose heap does not fragment trims nothing (docs/performance.md, "Memory":
-    bank SFT at 4 tasks a step, 1.075x the step time of the path before against 1.29x trimming after every
-    micro-batch, at 5.55 GB against 5.41 GB).
+    bank SFT at 4 tasks a step, 1.02x the step time of the path before against 1.29x trimming after every
+    micro-batch; RL 1.17x while every rollout was trimmed).
     """
 
     def __init__(self, slack: float = 0.0) -> None:

@@ -3,18 +3,17 @@
 The module owns the model, the act/rehearse loss heads, the world-model alignment term and every optimiser step
 (manual optimisation). Rollouts are sampled by ``sample_rollouts`` (the narrow interface the DataModule's stream
 calls, so the batch a step trains on is always sampled from the current weights); rollout, reward, advantage and
-loss code live in their own small modules.
+loss code live in their own small modules, and so do the optimise loop (``envace.training.optimise.GRPOUpdate``, the
+base class), a step's metrics and real-call totals (``step_metrics``), the checks before training (``fit_checks``)
+and the rollout engine's weight sync (``engine_sync``).
 """
 
 from __future__ import annotations
 
 import copy
 import logging
-import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, nullcontext
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,32 +23,31 @@ from peft import PeftModel
 from torch import Tensor
 
 from envace.evaluation.evaluator import PolicyEvaluator, policy_engine
-from envace.evaluation.metrics import failure_causes, rollout_metrics
-from envace.losses.aggregation import TokenAggregator, TokenMean, role_weights
-from envace.losses.engine_gap import engine_correction
-from envace.losses.objective import LossWeights, envace_objective
+from envace.evaluation.metrics import failure_causes
+from envace.losses.aggregation import TokenAggregator, TokenMean
 from envace.losses.policy import ClippedPolicyLoss
 from envace.policy.chat import check_chat_template
-from envace.policy.hf import Policy, adapter_context
-from envace.policy.logprobs import PrefixCarry, token_logps
+from envace.policy.hf import Policy
 from envace.rewards.base import Reward
 from envace.rewards.checklist import mask_groups_with_failed_judging
 from envace.rewards.scoring import score_episodes
 from envace.rewards.shaping import PredictionErrorShaping
 from envace.rewards.task_success import TaskSuccess
-from envace.rollout.collate import RolloutBatch, collate, role_rows
+from envace.rollout.collate import RolloutBatch, collate
+from envace.rollout.config import RolloutConfig
 from envace.rollout.private_rehearsal import PrivateRehearsal, Selector
-from envace.rollout.runner import EpisodeRunner, RolloutConfig
+from envace.rollout.runner import EpisodeRunner
 from envace.runtime.checkpoint import rng_state, set_rng_state
-from envace.runtime.distributed import fully_shard_layers, peer_any, peer_max
+from envace.runtime.distributed import fully_shard_layers
 from envace.training.advantages import group_advantages, role_group_ids
-from envace.training.base import PolicyModule
-from envace.training.memory import Workload
-from envace.training.update import Groups, GRPOConfig, MicroBatch, mean_stats, micro_batches, sum_heads
+from envace.training.engine_sync import EngineSync
+from envace.training.fit_checks import check_fidelity_gate, rl_workload
+from envace.training.optimise import GRPOUpdate
+from envace.training.step_metrics import LiveFidelityLog, RealCallTotals, log_reward_metrics, step_metrics
+from envace.training.update import GRPOConfig
 from envace.types import Episode, Role, Sample, Task
 from envace.world_model.alignment import AlignmentRows, DemonstrationRows
 from envace.world_model.audit import WorldAudit
-from envace.world_model.fidelity import reference_probes, rehearse_probes
 from envace.world_model.guard import CollusionGuard
 from envace.world_model.quality import WorldQuality
 from envace.worlds.base import World
@@ -58,14 +56,8 @@ from envace.worlds.users import ModelUser
 
 log = logging.getLogger(__name__)
 
-NONFINITE_CHECKS = ("loss_act", "loss_rehearse", "loss_align", "loss_imitate", "kl", "loss")
-"""The objective's heads (and total) whose finiteness an optimiser step checks, besides the gradient."""
 
-RATE_STATS = ("clip_frac", "dual_clip_frac", "approx_kl")
-"""Per-role token rates of the objective, reduced over micro-batches weighted by their tokens (``sum_heads``)."""
-
-
-class EnvACEModule(PolicyModule):
+class EnvACEModule(GRPOUpdate):
     """A policy trained with world rehearsal: it acts, rehearses its own tool responses, and learns from both.
 
     Args:
@@ -160,16 +152,14 @@ class EnvACEModule(PolicyModule):
         self.fidelity_gate = fidelity_gate
         self.save_hyperparameters()
         self.configure_export(export_dir, export_best)
-        self.real_calls_total = 0  # real tool calls spent by training rollouts, over the whole run (resumes included)
-        self.real_calls_saved_total = 0  # calls answered without a real execution, over the whole run
-        self._live_steps = 0  # training steps since live fidelity was last logged
+        self.real_call_totals = RealCallTotals()  # the run's real_calls_total and real_calls_saved_total
+        self._live_fidelity = LiveFidelityLog()  # logged every log_every_n_steps training steps
         self._pending_rng: dict[str, Any] | None = None  # random states of a restored checkpoint, for the next rollout
         self._nonfinite_streak = 0  # consecutive optimiser steps skipped for a non-finite loss or gradient
         self._nonfinite_skips = 0  # optimiser steps skipped so far in this training step
         self._failed_streak = 0  # consecutive training steps whose every episode failed
         self._vllm_engine: Any = None  # the rollout engine, with rollout.engine: vllm (started on first use)
-        self._adapter_dir: tempfile.TemporaryDirectory[str] | None = None  # role adapters as the vLLM engine reads them
-        self._engine_step: int | None = None  # the global step whose weights that engine holds
+        self._engine_sync = EngineSync()  # which weights that engine holds
         self.automatic_optimization = False
         self.policy = policy
         self.world = world if world is not None else RehearseWorld()
@@ -261,14 +251,14 @@ class EnvACEModule(PolicyModule):
         judge_masked = mask_groups_with_failed_judging(episodes)  # a judge failure drops its whole group
         quality = self.quality.after_scoring(episodes, audited, self.rewards)
         batch = self._collate(episodes, tasks)
-        self.return_freed_memory()  # the engine's keys and values of the finished episodes
+        self.return_freed_memory("rollout")  # the engine's freed keys and values, where the update will not reuse them
         elapsed = time.perf_counter() - start
         generated = self._generated_tokens() - generated_before
         batch.metrics = {"rollout_time_s": elapsed, "generated_tokens": float(generated), **quality,
                          "judge_masked_episodes": float(judge_masked)}
         if synced is not None:
             batch.metrics["engine_sync_s"] = synced
-        self._log_reward_metrics()
+        log_reward_metrics(self, self.rewards)
         batch.metrics.update({f"world_{k}": v for k, v in getattr(self.world, "metrics", dict)().items()})
         batch.metrics["rollout_tokens_per_s"] = generated / elapsed if elapsed > 0 else 0.0
         return batch
@@ -284,30 +274,11 @@ class EnvACEModule(PolicyModule):
         A sleeping engine (``rollout.vllm.sleep``) is woken first. Returns the seconds the sync took, or None when
         nothing was synced (the engine is current, or the policy generates with the trained model itself).
         """
-        engine = self._vllm_engine
-        if engine is None:
-            return None
-        engine.wake_up()
-        if self._engine_step == int(self.global_step):
-            return None
-        from envace.engines.weights import policy_weights, write_adapter
-
-        if self.role_adapters:  # the base is frozen: each role's adapter goes through vLLM's LoRA support
-            if self._adapter_dir is None:
-                self._adapter_dir = tempfile.TemporaryDirectory(prefix="envace-adapters-")
-            start = time.perf_counter()
-            for name in self.role_adapters:
-                engine.load_adapter(name, write_adapter(self.model, name, Path(self._adapter_dir.name, name)))
-            seconds = time.perf_counter() - start
-        else:
-            seconds = engine.load_weights(policy_weights(self.model))
-        self._engine_step = int(self.global_step)
-        return seconds
+        return self._engine_sync.sync(self._vllm_engine, self.model, self.role_adapters, int(self.global_step))
 
     def _engine_rests(self) -> None:
         """With ``rollout.vllm.sleep``, the vLLM engine gives its GPU memory back until the next rollout."""
-        if self._vllm_engine is not None and self.rollout.vllm.sleep:
-            self._vllm_engine.sleep()
+        EngineSync.rest(self._vllm_engine, self.rollout.vllm.sleep)
 
     def _collate(self, episodes: list[Episode], tasks: list[Task]) -> RolloutBatch:
         samples = [s for e in episodes for s in e.samples()]
@@ -357,25 +328,13 @@ class EnvACEModule(PolicyModule):
                     if self._budget_spent():
                         break
                     step_stats.append(self._optimise(batch.rows(rows)))
-        metrics = mean_stats(step_stats)
-        metrics.update(rollout_metrics(batch.episodes))
-        metrics.update(batch.metrics)
-        metrics["nonfinite_skips"] = float(self._nonfinite_skips)
-        metrics["update_time_s"] = time.perf_counter() - start
-        metrics["rows"] = float(len(batch))
-        metrics["row_tokens"] = float(batch.attention_mask.sum())  # every row's tokens, prompts included
-        passes = self.grpo.ppo_epochs * metrics["row_tokens"]
-        metrics["update_tokens_per_s"] = passes / metrics["update_time_s"] if metrics["update_time_s"] > 0 else 0.0
-        spent = sum(e.stats.real_calls for e in batch.episodes) + int(metrics.get("real_calls_audit", 0))
-        self.real_calls_total += self._sum_over_ranks(spent)
-        self.real_calls_saved_total += self._sum_over_ranks(int(metrics["real_calls_saved"]))
-        metrics["real_calls_total"] = float(self.real_calls_total)
-        metrics["real_calls_saved_total"] = float(self.real_calls_saved_total)
+        metrics = step_metrics(step_stats, batch, self._nonfinite_skips, start, self.grpo.ppo_epochs)
+        metrics.update(self.real_call_totals.count(batch.episodes, metrics, self.trainer, self.device))
         self.last_episodes = batch.episodes
         # Averaged over ranks (counts such as real_calls are per-rank means); every rank logs the same keys.
         self.log_dict({f"train/{k}": float(v) for k, v in metrics.items()}, batch_size=len(batch.episodes),
                       sync_dist=self.trainer.world_size > 1)
-        self._log_live_fidelity()
+        self._live_fidelity.step(self, self.quality)
 
     def _all_failed(self, episodes: list[Episode]) -> bool:
         """Warn once per failure cause; True when every episode of every rank failed (the update is then skipped).
@@ -408,57 +367,16 @@ class EnvACEModule(PolicyModule):
         """The first reward's turn gate (``ChecklistReward.continue_after_turn``), or None."""
         return next((r.continue_after_turn for r in self.rewards if hasattr(r, "continue_after_turn")), None)
 
-    def _log_reward_metrics(self) -> None:
-        """Counters of rewards that keep them (``ChecklistReward``: per-standard pass rates, judge calls/failures).
-
-        Written to the loggers directly: their keys depend on the tasks a rank drew, so ``self.log`` with
-        ``sync_dist`` could make ranks wait on different collectives. Logged from rank 0's rollouts.
-        """
-        values: dict[str, float] = {}
-        for reward in self.rewards:
-            metrics = getattr(reward, "metrics", None)
-            if callable(metrics):
-                values.update({f"train/{k}": float(v) for k, v in metrics().items()})
-        if not values or self._trainer is None:
-            return
-        step = getattr(self.trainer.fit_loop.epoch_loop, "_batches_that_stepped", self.global_step)
-        for logger in self.loggers:
-            logger.log_metrics(values, step=step)
-
-    def _log_live_fidelity(self) -> None:
-        """Every ``log_every_n_steps`` training steps, the live fidelity of the probes since the last time.
-
-        Written to the loggers directly, and only for the tools that had probes: ``self.log`` would repeat a tool's
-        last value on the steps without one.
-        """
-        self._live_steps += 1
-        if self._live_steps < self.trainer.log_every_n_steps:
-            return
-        self._live_steps = 0
-        live = self.quality.fidelity_logs()  # a collective on several ranks: every rank calls it at the same step
-        if not live:
-            return
-        # the step Lightning logs this batch's metrics at (its count of batches that stepped)
-        step = getattr(self.trainer.fit_loop.epoch_loop, "_batches_that_stepped", self.global_step)
-        for logger in self.loggers:
-            logger.log_metrics({f"train/fidelity/{k}": v for k, v in live.items()}, step=step)
-
     def rehearse_budget(self) -> int | None:
         """The rehearse role's generation budget (``rollout.rehearse_max_new_tokens``)."""
         return self.rollout.rehearse_max_new_tokens
-
-    def _sum_over_ranks(self, count: int) -> int:
-        if self.trainer.world_size == 1:
-            return count
-        total = self.trainer.strategy.reduce(torch.tensor(float(count), device=self.device), reduce_op="sum")
-        return int(total.item())
 
     def on_fit_start(self) -> None:
         """Declare the live fidelity metric of every training tool, then check the fidelity gate."""
         super().on_fit_start()
         datamodule = self.trainer.datamodule
         train = getattr(datamodule, "tasks", {}).get("train") or []
-        self.check_memory(self._workload())
+        self.check_memory(rl_workload(self.grpo, self.rollout, datamodule))
         # every rank declares the same tools, in the same order: each metric's compute is a collective
         self.quality.live.declare(sorted({spec["function"]["name"] for task in train for spec in task.tools}))
         if self.fidelity_gate is None:
@@ -469,33 +387,28 @@ class EnvACEModule(PolicyModule):
             return
         tasks = getattr(datamodule, "tasks", {}).get("val") or getattr(datamodule, "tasks", {}).get("train") or []
         self._bind_worlds()
-        probes = reference_probes(tasks)
-        if not probes:
-            raise ValueError("fidelity_gate is set but no validation or training task has a reference call to probe")
-        with torch.no_grad():
-            scores = rehearse_probes(probes, self.prompter, self.rehearse_engine, self.rollout.rehearse_max_new_tokens)
-        exact = sum(score.exact_match for score in scores) / len(scores)
-        exact = float(self.trainer.strategy.reduce(torch.tensor(exact, device=self.device), reduce_op="mean"))
-        rank_zero_info(f"fidelity gate: rehearsal exact match {exact:.3f} on {len(scores)} reference calls "
-                       f"(gate {self.fidelity_gate})")
-        if exact < self.fidelity_gate:
-            raise ValueError(
-                f"fidelity gate: the policy rehearses {exact:.3f} of the reference calls exactly, below "
-                f"fidelity_gate={self.fidelity_gate}; train the warm start longer (or on more world-model data) "
-                "before rehearsal RL, or lower the gate"
-            )
+        check_fidelity_gate(self.fidelity_gate, tasks, self.prompter, self.rehearse_engine,
+                            self.rollout.rehearse_max_new_tokens, self.trainer.strategy, self.device)
+
+    @property
+    def real_calls_total(self) -> int:
+        """Real tool calls spent by training rollouts (and audits), over the whole run (resumes included)."""
+        return self.real_call_totals.total
+
+    @property
+    def real_calls_saved_total(self) -> int:
+        """Calls answered without a real execution, over the whole run."""
+        return self.real_call_totals.saved_total
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Keep the run's real-call counts, the collusion guard's window and the world's grounding across resumes."""
-        checkpoint["envace_real_calls_total"] = self.real_calls_total
-        checkpoint["envace_real_calls_saved_total"] = self.real_calls_saved_total
+        checkpoint.update(self.real_call_totals.state_dict())
         checkpoint["envace_world_quality"] = self.quality.state_dict_extra()
         checkpoint["envace_rng"] = self._rng_states()  # one per rank: each rank samples its own stream
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Restore what ``on_save_checkpoint`` kept."""
-        self.real_calls_total = int(checkpoint.get("envace_real_calls_total", 0))
-        self.real_calls_saved_total = int(checkpoint.get("envace_real_calls_saved_total", 0))
+        self.real_call_totals.load_state_dict(checkpoint)
         self.quality.load_state_dict_extra(checkpoint.get("envace_world_quality", {}))
         states = checkpoint.get("envace_rng")
         rank, world = (self.trainer.global_rank, self.trainer.world_size) if self._trainer else (0, 1)
@@ -517,197 +430,10 @@ class EnvACEModule(PolicyModule):
         torch.distributed.all_gather_object(states, mine)
         return states
 
-    def _workload(self) -> Workload:
-        """The token sizes of this run's peak, bounded from the config (the rows depend on what is sampled).
-
-        A micro-batch holds up to ``grpo.micro_batch_tokens`` padded tokens, or one row of up to
-        ``rollout.max_context_tokens``; without a budget, ``grpo.micro_batch_size`` such rows. Half its positions are
-        taken as scored (generated). The engine generates a step's episodes (or an evaluation batch) at once.
-        """
-        g, r = self.grpo, self.rollout
-        tokens = max(g.micro_batch_tokens, r.max_context_tokens) if g.micro_batch_tokens else (
-            g.micro_batch_size * r.max_context_tokens)
-        datamodule = self.trainer.datamodule
-        episodes = getattr(datamodule, "batch_size", 1) * g.group_size
-        rows = min(max(episodes, getattr(datamodule, "eval_batch_size", 0)), r.generate_batch_size)
-        return Workload(tokens, tokens // 2, rows if r.engine != "vllm" else 0, r.max_context_tokens,
-                        r.cache_tokens if r.engine == "cached" else 0, budget_key="model.grpo.micro_batch_tokens",
-                        generation_key="data.batch_size (or rollout.generate_batch_size)")
-
     def _budget_spent(self) -> bool:
         """``trainer.max_steps`` counts optimiser steps; stop mid-rollout rather than overshoot it."""
         max_steps = self.trainer.max_steps
         return max_steps is not None and 0 <= max_steps <= self.global_step
-
-    def _behaviour_logps(self, batch: RolloutBatch) -> None:
-        """Old log-probs when the update takes several steps per rollout; reference log-probs for the KL term."""
-        several = self.grpo.ppo_epochs > 1 or self.grpo.mini_batches > 1
-        with torch.no_grad():
-            if several:
-                batch.old_logps = self._logps_in_chunks(batch, self.model, nullcontext)
-            if self.grpo.kl_weight > 0:
-                reference = self.reference or self.model
-                context = nullcontext if self.reference is not None else self.model.disable_adapter
-                batch.ref_logps = self._logps_in_chunks(batch, reference, context)
-
-    def _logps_in_chunks(
-        self, batch: RolloutBatch, model: torch.nn.Module, context: Any
-    ) -> Tensor:
-        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=batch.input_ids.device)  # [N, T]
-        micro_batches = list(self._micro_batches(batch, torch.arange(len(batch), device=batch.input_ids.device)))
-        passes = self._peer_max(len(micro_batches))  # before any pass: no other collective may interleave with it
-        carry = self.prefix_carry(batch, micro_batches)
-        for idx, groups in micro_batches:
-            micro = batch.rows(idx)
-            with context(), self._role_adapter(micro):
-                logps, _ = token_logps(model, micro.input_ids, micro.attention_mask, micro.temperatures,
-                                        positions=micro.loss_mask, share_prefix=self.grpo.share_prefix,
-                                        groups=groups, carry=carry)
-            out[idx, : logps.shape[1]] = logps
-        if carry is not None:
-            carry.check_done()
-        for _ in range(passes - len(micro_batches)):
-            with context():
-                self._join_peers(model, backward=False)
-        return out
-
-    def _mini_batches(self, n: int) -> list[Tensor]:
-        """``grpo.mini_batches`` shuffled parts of the rows: the same count on every rank (a part may be empty)."""
-        order = torch.randperm(n, generator=torch.Generator().manual_seed(int(self.global_step)))
-        return [part.to(self.device) for part in torch.tensor_split(order, self.grpo.mini_batches)]
-
-    def _peer_max(self, count: int) -> int:
-        """The largest ``count`` over all ranks: every rank must make the same number of model passes."""
-        return peer_max(count, self.device) if self.trainer.world_size > 1 else count
-
-    def _join_peers(self, model: torch.nn.Module, backward: bool) -> None:
-        """A zero-weight one-token pass, so that a rank with fewer micro-batches joins its peers' collectives."""
-        ids = torch.full((1, 1), self.tokenizer.pad_token_id, dtype=torch.long, device=self.device)
-        logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
-        if backward:
-            self.manual_backward(logits.sum() * 0.0)
-
-    def _micro_batches(self, batch: RolloutBatch, rows: Tensor) -> Iterator[MicroBatch]:
-        """``update.micro_batches`` under ``grpo``'s caps; one role per micro-batch with role adapters."""
-        g = self.grpo
-        return micro_batches(batch, rows, g.micro_batch_size, g.micro_batch_tokens, by_role=bool(self.role_adapters),
-                             share_prefix=g.share_prefix)
-
-    def _optimise(self, mb: RolloutBatch) -> dict[str, Tensor]:
-        """One optimiser step on a mini-batch, accumulating gradients over its micro-batches."""
-        optimizer = self.optimizers()
-        stats = self._accumulate(mb)
-        nonfinite = self._nonfinite(stats, optimizer)
-        if nonfinite:  # skipped on every rank (the flags are reduced): no rank steps while another skips
-            optimizer.zero_grad(set_to_none=True)
-            self._skip_nonfinite(nonfinite)
-            return {}
-        self._nonfinite_streak = 0
-        self.step_optimizer(optimizer, self.grpo.grad_clip)
-        return sum_heads(stats)
-
-    def _accumulate(self, mb: RolloutBatch) -> list[dict[str, Tensor]]:
-        """Forward and backward every micro-batch of a mini-batch; the gradients add up to the mini-batch's.
-
-        Each head's aggregation weights are computed once on the whole mini-batch and sliced per micro-batch, so the
-        accumulated loss and gradients equal the single-batch ones (up to float rounding) whatever the token budget.
-        Returns each micro-batch's statistics.
-        """
-        weights = {
-            "act": role_weights(self.aggregation, mb.loss_mask, role_rows(mb, Role.ACT)),
-            "rehearse": role_weights(self.aggregation, mb.loss_mask, role_rows(mb, Role.REHEARSE)),
-            "align": role_weights(TokenMean(), mb.loss_mask, mb.is_align & (mb.row_role == int(Role.REHEARSE))),
-            "imitate": role_weights(TokenMean(), mb.loss_mask, mb.is_align & (mb.row_role == int(Role.ACT))),
-        }
-        micro_batches = list(self._micro_batches(mb, torch.arange(len(mb), device=mb.input_ids.device)))
-        passes = self._peer_max(len(micro_batches))  # before any pass: no other collective may interleave with it
-        stats: list[dict[str, Tensor]] = []
-        carry = self.prefix_carry(mb, micro_batches)
-        for idx, groups in micro_batches:
-            micro = mb.rows(idx)
-            w = {k: v[idx][:, : micro.input_ids.shape[1]] for k, v in weights.items()}
-            with self._role_adapter(micro):
-                loss, micro_stats = self._micro_loss(micro, w, groups, carry)
-                self.manual_backward(self.with_carry(loss, carry))
-            self.return_freed_memory("micro_batch")
-            stats.append(micro_stats)
-        if carry is not None:
-            carry.check_done()
-        for _ in range(passes - len(micro_batches)):
-            self._join_peers(self.model, backward=True)
-        return stats
-
-    def _nonfinite(self, stats: list[dict[str, Tensor]], optimizer: Any) -> list[str]:
-        """The loss heads (``NONFINITE_CHECKS``) and ``grad_norm`` that are not finite on some rank; [] if none.
-
-        One collective on several ranks, so every rank gets the same answer. The gradient is checked on the
-        optimiser's own parameters (this rank's shard under FSDP), except under a float16 ``GradScaler``, whose own
-        step skips overflowing gradients and lowers its scale (skipping before it would keep the scale too high).
-        """
-        flags = torch.zeros(len(NONFINITE_CHECKS) + 1, device=self.device)  # [H + 1]
-        if stats:
-            heads = torch.stack([torch.stack([s[h].float() for h in NONFINITE_CHECKS]) for s in stats])  # [M, H]
-            flags[:-1] = (~torch.isfinite(heads)).any(0).float()
-        scaled = getattr(self.trainer.precision_plugin, "scaler", None) is not None
-        grads = [] if scaled else [p.grad for group in optimizer.param_groups for p in group["params"]
-                                   if p.grad is not None]
-        grads = [g.to_local() if hasattr(g, "to_local") else g for g in grads]  # FSDP2: this rank's shard
-        if grads:
-            flags[-1] = (~torch.stack([torch.isfinite(g).all() for g in grads]).all()).float()
-        if self.trainer.world_size > 1:
-            peer_any(flags)
-        return [name for name, flag in zip((*NONFINITE_CHECKS, "grad_norm"), flags.tolist()) if flag]
-
-    def _skip_nonfinite(self, nonfinite: list[str]) -> None:
-        """Count a skipped optimiser step; stop training after ``grpo.max_nonfinite_steps`` in a row."""
-        self._nonfinite_skips += 1
-        self._nonfinite_streak += 1
-        step, names = int(self.global_step), ", ".join(nonfinite)
-        limit = self.grpo.max_nonfinite_steps
-        if 0 < limit <= self._nonfinite_streak:
-            raise RuntimeError(
-                f"{self._nonfinite_streak} consecutive optimiser steps had a non-finite loss or gradient (the last at "
-                f"optimiser step {step}: non-finite {names}); training stops (grpo.max_nonfinite_steps={limit}). "
-                "Check the rewards and advantages, lower the learning rate, or train in float32")
-        rank_zero_warn(f"optimiser step {step}: non-finite {names}; the step is skipped (gradients zeroed), "
-                       f"{self._nonfinite_streak} in a row")
-
-    def _micro_loss(self, micro: RolloutBatch, w: dict[str, Tensor], groups: Groups | None = None,
-                    carry: PrefixCarry | None = None) -> tuple[Tensor, dict[str, Tensor]]:
-        logps, entropy = token_logps(
-            self.model, micro.input_ids, micro.attention_mask, micro.temperatures, with_entropy=self.log_entropy,
-            positions=micro.loss_mask, share_prefix=self.grpo.share_prefix, groups=groups, carry=carry,
-        )
-        old = micro.old_logps if micro.old_logps is not None else logps.detach()
-        g = self.grpo
-        gap: dict[str, Tensor] = {}
-        if self.rollout.engine == "vllm":  # every rank logs the same keys, with or without engine log-probs here
-            engine = micro.engine_logps if micro.engine_logps is not None else torch.full_like(old, float("nan"))
-            trained = micro.loss_mask * (~micro.is_align).float()[:, None]
-            tis, gap = engine_correction(old, engine, trained, g.tis_cap)
-            w = {**w, "act": w["act"] * tis, "rehearse": w["rehearse"] * tis}
-        loss, stats = envace_objective(
-            logps, old, micro.ref_logps, micro.advantages, micro.loss_mask, micro.row_role, micro.is_align,
-            w["act"], w["rehearse"], w["align"], self.policy_loss,
-            LossWeights(g.act_weight, g.rehearse_weight, g.align_weight, g.kl_weight, g.imitate_weight),
-            weights_imitate=w["imitate"],
-        )
-        stats.update(gap)
-        for name, role in (("act", Role.ACT), ("rehearse", Role.REHEARSE)):  # rates as [sum, count]: token-weighted
-            count = (micro.loss_mask * role_rows(micro, role).float()[:, None]).sum()
-            for key in RATE_STATS:
-                stats[f"{key}_{name}"] = torch.stack([stats[f"{key}_{name}"] * count, count])
-        if entropy is not None:
-            for name, role in (("act", Role.ACT), ("rehearse", Role.REHEARSE)):
-                mask = micro.loss_mask * role_rows(micro, role).float()[:, None]
-                stats[f"entropy_{name}"] = torch.stack([(entropy * mask).sum(), mask.sum()])
-        return loss, stats
-
-    def _role_adapter(self, micro: RolloutBatch) -> AbstractContextManager[None]:
-        if not self.role_adapters:
-            return nullcontext()
-        name = self.role_adapters[0] if int(micro.row_role[0]) == int(Role.ACT) else self.role_adapters[1]
-        return adapter_context(self.model, name)
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
         """Task batches stay on the host (rollouts are generated on the model's device)."""

@@ -30,7 +30,7 @@ from envace.policy.logprobs import PrefixCarry, token_logps
 from envace.rewards.base import Reward
 from envace.rewards.task_success import TaskSuccess
 from envace.rollout.collate import RolloutBatch, collate
-from envace.rollout.runner import RolloutConfig
+from envace.rollout.config import RolloutConfig
 from envace.training.base import PolicyModule
 from envace.training.memory import Workload
 from envace.training.update import DEFAULT_MICRO_BATCH_TOKENS, Groups, MicroBatch, computed_tokens, micro_batches

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from transformers import PreTrainedTokenizerBase
 
-from envace.data.tasks import reference_calls, reference_reasoning, reference_steps
+from envace.data.task_reference import reference_calls, reference_reasoning, reference_steps
 from envace.policy.chat import encode
 from envace.roles.rehearse import format_result
 from envace.types import Episode, Role, Sample, Task, ToolCall

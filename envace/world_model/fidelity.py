@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 from torchmetrics import Metric
 
-from envace.data.tasks import reference_steps
+from envace.data.task_reference import reference_steps
 from envace.engines.base import Engine, SamplingParams, sessions
 from envace.roles.compare import (  # noqa: F401  (the fidelity measure's scores, defined with the roles)
     ProbeScore,

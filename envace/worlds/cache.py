@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from envace.data.tasks import reference_calls
+from envace.data.task_reference import reference_calls
 from envace.types import Task, ToolCall, canonical_json
 
 

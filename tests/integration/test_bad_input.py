@@ -9,7 +9,7 @@ from unittest import mock
 import pytest
 
 from envace.cli.lightning import cli_main as main
-from envace.data.tasks import TaskFormatError
+from envace.data.task_schema import TaskFormatError
 
 TINY = str(Path(__file__).parents[2] / "lit_configs" / "tiny.yaml")
 

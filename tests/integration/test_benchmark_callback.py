@@ -98,9 +98,9 @@ def test_benchmark_scores_are_logged_during_a_tiny_fit(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_the_callback_scores_a_checkpoint_under_envace_test(tmp_path: Path) -> None:
-    from envace.benchmarks import bfcl, bfcl_ast
+    from envace.benchmarks import bfcl_ast, bfcl_data
 
-    callback = _callback(bfcl_categories=[*bfcl.MULTI_TURN, *bfcl_ast.SINGLE_TURN], tau2_domains=["retail"],
+    callback = _callback(bfcl_categories=[*bfcl_data.MULTI_TURN, *bfcl_ast.SINGLE_TURN], tau2_domains=["retail"],
                          tau2_mode="user", user=TINY_USER, max_user_turns=1)
     _, bench = _run(tmp_path, "test", callback, "--trainer.limit_test_batches=1",
                     "--data.test_tasks=builtin:bank-test:2")

@@ -10,7 +10,7 @@ from unittest import mock
 import pytest
 import torch
 
-from envace.cli.lightning import demo
+from envace.cli import demo
 from envace.worlds.rehearse import FORMAT_FILE
 
 ROOT = Path(__file__).parents[2]

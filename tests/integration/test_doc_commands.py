@@ -970,8 +970,7 @@ def test_the_rule_tells_commands_from_mentions() -> None:
     doc = "\n".join([
         "Run `envace fit --config a.yaml --trainer.max_steps=3`, then `envace test` or `envace fit ... --x`;",
         "the file `benchmarks/scaling.py`, the flag `--data.help X`, `HF_HUB_OFFLINE=1` and `lit_configs/tiny.yaml`",
-        "are not commands, `scripts/setup_env.sh` and `OMP_NUM_THREADS=1 python -m envace.cli.demo` are, and so",
-        "is `envace",
+        "aren't commands, `scripts/setup_env.sh` and `OMP_NUM_THREADS=1 python -m envace.cli.demo` are, so is `envace",
         "fit --help` across a line break, and `benchmarks/scaling.py --steps 2`.",
         "```bash",
         "scripts/test.sh          # a comment",

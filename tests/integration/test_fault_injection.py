@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from helpers import RELEASE
 
-import envace.training.module
+import envace.training.optimise
 from envace.builtin.bank import Bank
 from envace.training.module import EnvACEModule
 from envace.types import Episode
@@ -59,7 +59,7 @@ def faulty_bank(monkeypatch: pytest.MonkeyPatch) -> None:
 def _poison_loss(monkeypatch: pytest.MonkeyPatch, steps: set[int] | None) -> None:
     """The objective returns NaN in the optimiser steps numbered ``steps`` (0-based, counting skipped ones); None: in
     every step."""
-    objective, optimise = envace.training.module.envace_objective, EnvACEModule._optimise
+    objective, optimise = envace.training.optimise.envace_objective, EnvACEModule._optimise
     count, poisoned = [0], [False]
 
     def nan_objective(*args, **kwargs):
@@ -74,7 +74,7 @@ def _poison_loss(monkeypatch: pytest.MonkeyPatch, steps: set[int] | None) -> Non
         count[0] += 1
         return optimise(self, mb)
 
-    monkeypatch.setattr(envace.training.module, "envace_objective", nan_objective)
+    monkeypatch.setattr(envace.training.optimise, "envace_objective", nan_objective)
     monkeypatch.setattr(EnvACEModule, "_optimise", counted_optimise)
 
 

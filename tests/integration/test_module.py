@@ -199,7 +199,8 @@ def test_a_simulated_user_writes_the_later_user_turns_in_training(tmp_path: Path
     import json
 
     from envace.builtin.task_sets import resolve_task_path
-    from envace.data.tasks import load_tasks, task_to_record
+    from envace.data.task_records import task_to_record
+    from envace.data.tasks import load_tasks
 
     tasks = load_tasks(resolve_task_path("builtin:bank"))[:2]
     path = tmp_path / "user_tasks.jsonl"

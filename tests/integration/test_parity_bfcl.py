@@ -15,14 +15,14 @@ import pytest
 
 pytest.importorskip("bfcl_eval")
 
-from envace.benchmarks import bfcl, bfcl_ast, parity  # noqa: E402
+from envace.benchmarks import bfcl_ast, bfcl_data, parity  # noqa: E402
 
 CASES = parity.multi_turn_cases() + parity.single_turn_cases()
 
 
 def test_the_cases_cover_every_category_and_kind_of_perturbation() -> None:
     categories = Counter(c.category for c in CASES)
-    assert set(bfcl.MULTI_TURN) | set(bfcl_ast.SINGLE_TURN) == set(categories)
+    assert set(bfcl_data.MULTI_TURN) | set(bfcl_ast.SINGLE_TURN) == set(categories)
     multi = {c.kind for c in CASES if c.benchmark == "bfcl_multi_turn"}
     assert {"gold", "wrong_value", "missing_call", "extra_call", "order", "twenty_steps", "over_long_turn",
             "over_long_last_turn", "excluded_function", "held_back_function", "unknown_function",

@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("bfcl_eval")
 pytest.importorskip("tau2")
 
-from envace.benchmarks import bfcl, bfcl_loop, parity  # noqa: E402
+from envace.benchmarks import bfcl_data, bfcl_loop, parity  # noqa: E402
 from envace.benchmarks.parity_families import block_text  # noqa: E402
 
 ENTRY = "multi_turn_base_0"  # turn 1: cd(folder='document'), mkdir(dir_name='temp'), mv(...)
@@ -22,7 +22,7 @@ ENTRY = "multi_turn_base_0"  # turn 1: cd(folder='document'), mkdir(dir_name='te
 
 def multi_turn_case(kind: str, first_turn: list[str]) -> parity.Case:
     """multi_turn_base_0's gold answer with its first turn's steps replaced (every turn closed, the script padded)."""
-    (entry,) = bfcl.load_multi_turn("multi_turn_base", ids=[ENTRY])
+    (entry,) = bfcl_data.load_multi_turn("multi_turn_base", ids=[ENTRY])
     gold = parity._gold_turns(entry)
     turns = [[parity.blocks(turn)] if turn else [] for turn in gold]
     turns[0] = first_turn
@@ -31,7 +31,7 @@ def multi_turn_case(kind: str, first_turn: list[str]) -> parity.Case:
 
 
 def first_calls() -> list[tuple[str, dict]]:
-    (entry,) = bfcl.load_multi_turn("multi_turn_base", ids=[ENTRY])
+    (entry,) = bfcl_data.load_multi_turn("multi_turn_base", ids=[ENTRY])
     return parity._gold_turns(entry)[0]
 
 

@@ -17,7 +17,7 @@ pytest.importorskip("tau2")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from envace.benchmarks import bfcl, parity, parity_generated  # noqa: E402
+from envace.benchmarks import bfcl_data, parity, parity_generated  # noqa: E402
 from envace.benchmarks import parity_families as families  # noqa: E402
 
 GENERATED = parity_generated.generated_cases()
@@ -52,7 +52,7 @@ def _draw(data: st.DataObject) -> families.Draw:
        entry_id=st.sampled_from(["multi_turn_base_0", "multi_turn_base_1"]))
 def test_fresh_multi_turn_perturbations_agree(data: st.DataObject, family: str, entry_id: str,
                                               tiny_tokenizer) -> None:
-    (entry,) = bfcl.load_multi_turn("multi_turn_base", ids=[entry_id])
+    (entry,) = bfcl_data.load_multi_turn("multi_turn_base", ids=[entry_id])
     gold = parity._gold_turns(entry)
     turns = [[parity.blocks(turn)] if turn else [] for turn in gold]
     turns[0] = families.perturb(family, gold[0], _draw(data))

@@ -18,7 +18,8 @@ from helpers import ScriptedEngine
 from envace.cli.lightning import cli_main
 from envace.data.tasks import load_tasks
 from envace.rewards.scoring import score_episodes
-from envace.rollout.runner import EpisodeRunner, RolloutConfig
+from envace.rollout.config import RolloutConfig
+from envace.rollout.runner import EpisodeRunner
 from envace.worlds import RealWorld
 
 ROOT = Path(__file__).parents[2]

@@ -22,7 +22,8 @@ from envace.engines.base import HFEngine, SamplingParams
 from envace.policy import HFPolicy
 from envace.policy.packaged import MARKER
 from envace.rollout import runner as runner_module
-from envace.rollout.runner import EpisodeRunner, RolloutConfig
+from envace.rollout.config import RolloutConfig
+from envace.rollout.runner import EpisodeRunner
 from envace.types import Role
 from envace.worlds import RehearseWorld
 

@@ -17,21 +17,34 @@ SMALL = ("--model.init_args.policy.init_args.hidden=32", "--model.init_args.poli
 
 @pytest.fixture(scope="module")
 def study():
+    """The command line; loading it puts benchmarks/ on ``sys.path`` and imports its parts, popped with it."""
     yield load_benchmark("controlled_study")
-    sys.modules.pop("controlled_study", None)
+    for name in ("controlled_study", "study_settings", "study_plan", "study_jobs", "study_report"):
+        sys.modules.pop(name, None)
+
+
+@pytest.fixture(scope="module")
+def study_settings(study):
+    return sys.modules["study_settings"]
+
+
+@pytest.fixture(scope="module")
+def study_jobs(study):
+    return sys.modules["study_jobs"]
 
 
 @pytest.mark.slow
-def test_skipping_the_only_validation_after_the_last_step_leaves_the_weights_bit_identical(study, tmp_path,
-                                                                                           monkeypatch):
+def test_skipping_the_only_validation_after_the_last_step_leaves_the_weights_bit_identical(study_settings, study_jobs,
+                                                                                           tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)  # the presets name their configs relative to the repository
 
     def scope(out: str):
-        return study.Settings(str(tmp_path / out), 1, 3, extra_warm=(*SMALL, "--trainer.val_check_interval=3"))
+        return study_settings.Settings(str(tmp_path / out), 1, 3,
+                                       extra_warm=(*SMALL, "--trainer.val_check_interval=3"))
 
-    first = study.warm_start(scope("first"), 0)
-    assert first["val_steps"] == [3] and study.validation_chose_nothing(first)
-    again = study.warm_start(scope("again"), 0, unvalidated=True)
+    first = study_jobs.warm_start(scope("first"), 0)
+    assert first["val_steps"] == [3] and study_jobs.validation_chose_nothing(first)
+    again = study_jobs.warm_start(scope("again"), 0, unvalidated=True)
     assert again["val_steps"] == [] and again["steps"] == 3
     # bit-identical by construction: the same steps on the same data, validation draws nothing training uses after it
     assert again["weights_sha256"] == first["weights_sha256"]

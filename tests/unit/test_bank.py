@@ -9,7 +9,10 @@ import pytest
 from envace.builtin.bank import Bank
 from envace.builtin.make_tasks import generate_tasks, main
 from envace.builtin.task_sets import load_task_set
-from envace.data.tasks import load_tasks, parse_task, reference_calls, task_to_record
+from envace.data.task_parsing import parse_task
+from envace.data.task_records import task_to_record
+from envace.data.task_reference import reference_calls
+from envace.data.tasks import load_tasks
 from envace.envs.real import EnvironmentClassError, RealEnvironment, import_class, tool_schemas_from_class
 from envace.rewards.task_success import task_score
 from envace.types import EnvSpec, ToolCall

@@ -65,7 +65,7 @@ def test_evaluate_policy_flags_parse_and_are_checked(tmp_path: Path, capsys) -> 
     module = _script("evaluate_policy")
     parser = module.build_parser()
     defaults = parser.parse_args(["--model", "gold"])
-    assert defaults.bfcl_categories == [*module.bfcl.MULTI_TURN, *module.bfcl_ast.SINGLE_TURN]
+    assert defaults.bfcl_categories == [*module.bfcl_data.MULTI_TURN, *module.bfcl_ast.SINGLE_TURN]
     assert (defaults.tau2_domains, defaults.tau2_mode, defaults.tau2_split) == (["telecom"], "solo", "test")
     args = parser.parse_args(["--model", "tiny", "--bfcl-categories", "--tau2-domains", "retail", "airline",
                               "--tau2-mode", "user", "--trials", "2", "--user-model", "tiny", "--judge-model", "tiny",
@@ -127,7 +127,7 @@ def test_a_tiny_policy_runs_finmcp_and_tau2_with_a_tiny_user(tmp_path: Path, cap
 def test_harness_check_on_a_few_entries(capsys) -> None:
     module = _script("harness_check")
     rows = module.bfcl_rows(limit=2)
-    assert [r[0] for r in rows] == list(module.bfcl.MULTI_TURN)
+    assert [r[0] for r in rows] == list(module.bfcl_data.MULTI_TURN)
     assert all(r[2] == 1.0 and r[4] == 1.0 for r in rows)  # gold calls valid, fidelity EM 1
     assert all(r[3] == 1.0 for r in rows)  # the gold policy through the rollout, every category
     single = module.single_turn_rows(limit=2)
@@ -140,7 +140,7 @@ def test_harness_check_on_a_few_entries(capsys) -> None:
 def test_harness_check_lists_a_gold_miss_with_bfcls_error() -> None:
     module = _script("harness_check")
     entry = module.bfcl_ast.load_single_turn("live_simple", ids=["live_simple_106-63-0"])[0]
-    error = module._error_type(entry, module.bfcl_ast.gold_output(entry))
+    error = module._error_type(entry, module.bfcl_ast_gold.gold_output(entry))
     assert error.startswith("simple_function_checker:missing_required: Missing required parameter")
 
 
@@ -204,7 +204,8 @@ def test_vs_trl_ratio_is_the_median_over_pairs_of_trl_over_envace() -> None:
     assert vs_trl.step_ratio(results, warmup=1) == pytest.approx(1.5)
     summary = vs_trl.summarise(run(9.0, 1.0, 3.0), warmup=1)
     assert summary["step_s"] == 2.0 and summary["update_s"] == 1.0 and summary["completion_len"] == 32.0
-    assert vs_trl.contains_answer("it is 42.", "42") == 1.0 and vs_trl.contains_answer("4 2", "42") == 0.0
+    inputs = _script("vs_trl_inputs")
+    assert inputs.contains_answer("it is 42.", "42") == 1.0 and inputs.contains_answer("4 2", "42") == 0.0
 
 
 def test_fidelity_per_tool_prints_a_row_per_tool_and_the_summary(tiny_dir: str, tmp_path: Path, capsys) -> None:

@@ -4,17 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from envace.benchmarks.bfcl import (
-    MULTI_TURN,
-    BFCLEnvironment,
-    PyCall,
-    UnsafeCallError,
-    canonical_call,
-    check_multi_turn,
-    gold_calls,
-    load_multi_turn,
-    parse_calls,
-)
+from envace.benchmarks.bfcl_check import check_multi_turn, gold_calls
+from envace.benchmarks.bfcl_data import MULTI_TURN, load_multi_turn
+from envace.benchmarks.bfcl_env import BFCLEnvironment, PyCall, UnsafeCallError, canonical_call, parse_calls
 
 
 def test_parse_calls_reads_bfcl_syntax() -> None:
@@ -176,7 +168,7 @@ def test_a_tiny_random_policy_runs_end_to_end_deterministically(tiny_tokenizer) 
     from envace.benchmarks.bfcl import evaluate_multi_turn
     from envace.engines.base import HFEngine
     from envace.policy.tiny import build_model
-    from envace.rollout.runner import RolloutConfig
+    from envace.rollout.config import RolloutConfig
 
     model = build_model(tiny_tokenizer, hidden=32, layers=1, seed=0, max_positions=16384)
     engine = HFEngine(model, pad_id=tiny_tokenizer.pad_token_id, stop_ids=[tiny_tokenizer.eos_token_id])
@@ -196,7 +188,8 @@ def test_a_tiny_random_policy_runs_end_to_end_deterministically(tiny_tokenizer) 
 
 
 def test_split_holds_out_a_quarter_and_training_refuses_it() -> None:
-    from envace.benchmarks.bfcl import split_ids, training_task
+    from envace.benchmarks.bfcl import training_task
+    from envace.benchmarks.bfcl_data import split_ids
 
     train, held_out = split_ids("multi_turn_base")
     assert len(train) == 150 and len(held_out) == 50 and not set(train) & set(held_out)
@@ -207,9 +200,12 @@ def test_split_holds_out_a_quarter_and_training_refuses_it() -> None:
 
 
 def test_exported_training_tasks_load_train_and_run_in_the_real_world(tmp_path, tiny_tokenizer) -> None:
-    from envace.benchmarks.bfcl import GoldPolicy, export_training_tasks, score_episode, split_ids
+    from envace.benchmarks.bfcl import GoldPolicy, export_training_tasks
+    from envace.benchmarks.bfcl_check import score_episode
+    from envace.benchmarks.bfcl_data import split_ids
     from envace.data.tasks import load_tasks
-    from envace.rollout.runner import EpisodeRunner, RolloutConfig
+    from envace.rollout.config import RolloutConfig
+    from envace.rollout.runner import EpisodeRunner
     from envace.world_model.alignment import AlignmentRows, DemonstrationRows
     from envace.worlds import RealWorld, RehearseWorld
 
@@ -253,7 +249,7 @@ def test_miss_func_training_tasks_carry_the_added_function_prompt_in_their_refer
 
 
 def test_load_split_scores_a_trained_policy_on_the_held_out_ids_only() -> None:
-    from envace.benchmarks.bfcl import load_split, split_ids
+    from envace.benchmarks.bfcl_data import load_split, split_ids
 
     held_out = load_split("multi_turn_base", "eval")
     assert [e.id for e in held_out] == split_ids("multi_turn_base")[1] and len(held_out) == 50

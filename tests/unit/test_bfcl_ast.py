@@ -10,21 +10,18 @@ import pytest
 
 pytest.importorskip("bfcl_eval")
 
-from envace.benchmarks import bfcl_ast  # noqa: E402
+from envace.benchmarks import bfcl_ast_checker  # noqa: E402
 from envace.benchmarks.bfcl_ast import (  # noqa: E402
     AST_CATEGORIES,
-    CHECKER_MODEL_NAME,
     SINGLE_TURN,
-    GoldASTEngine,
     check_entry,
     decode_calls,
     evaluate_single_turn,
-    gold_calls,
-    gold_output,
-    load_checker,
     load_single_turn,
     offline_aggregate,
 )
+from envace.benchmarks.bfcl_ast_checker import CHECKER_MODEL_NAME, load_checker  # noqa: E402
+from envace.benchmarks.bfcl_ast_gold import GoldASTEngine, gold_calls, gold_output  # noqa: E402
 
 
 def _one(category: str, entry_id: str):
@@ -52,12 +49,12 @@ def test_the_checker_loads_without_model_sdks_and_leaves_sys_modules_as_it_was()
 def test_the_stand_in_is_present_only_while_the_checker_source_runs(monkeypatch) -> None:
     previous = ModuleType("bfcl_eval.constants.model_config")  # whatever was there must come back
     monkeypatch.setitem(sys.modules, "bfcl_eval.constants.model_config", previous)
-    checker = bfcl_ast._checker_from_source()
+    checker = bfcl_ast_checker._checker_from_source()
     assert sys.modules["bfcl_eval.constants.model_config"] is previous
     assert checker.__name__ not in sys.modules
     assert list(checker.MODEL_CONFIG_MAPPING) == ["Qwen/Qwen3-8B-FC"]  # the stand-in's one key
     monkeypatch.delitem(sys.modules, "bfcl_eval.constants.model_config")
-    bfcl_ast._checker_from_source()
+    bfcl_ast_checker._checker_from_source()
     assert "bfcl_eval.constants.model_config" not in sys.modules
 
 
@@ -88,7 +85,7 @@ def test_unknown_network_and_multi_turn_categories_are_refused_with_directions()
         load_single_turn("simple")
     with pytest.raises(ValueError, match="'web_search_base' is not run: it queries a live search API"):
         load_single_turn("web_search_base")
-    with pytest.raises(ValueError, match="use envace.benchmarks.bfcl.load_multi_turn"):
+    with pytest.raises(ValueError, match="use envace.benchmarks.bfcl_data.load_multi_turn"):
         load_single_turn("multi_turn_base")
     with pytest.raises(ValueError, match=r"unknown live_simple id\(s\) \['live_simple_x'\]; live_simple has 258 ids, "
                                          r"e.g. live_simple_0-0-0"):

@@ -15,7 +15,7 @@ pytest.importorskip("bfcl_eval")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from envace.benchmarks import bfcl, bfcl_exec  # noqa: E402
+from envace.benchmarks import bfcl_check, bfcl_data, bfcl_env, bfcl_exec  # noqa: E402
 from envace.benchmarks import official as official_code  # noqa: E402
 from envace.benchmarks.bfcl_loop import UNDEFINED_CALL, checker_call  # noqa: E402
 from envace.types import ToolCall  # noqa: E402
@@ -23,8 +23,8 @@ from envace.types import ToolCall  # noqa: E402
 ENTRY = "multi_turn_base_0"  # GorillaFileSystem, TwitterAPI
 
 
-def entry() -> bfcl.BFCLEntry:
-    (found,) = bfcl.load_multi_turn("multi_turn_base", ids=[ENTRY])
+def entry() -> bfcl_data.BFCLEntry:
+    (found,) = bfcl_data.load_multi_turn("multi_turn_base", ids=[ENTRY])
     return found
 
 
@@ -47,7 +47,7 @@ def official(name: object, arguments: dict) -> str:
 
 
 def ours(name: str, arguments: dict) -> str:
-    return bfcl.BFCLEnvironment(entry()).execute_decoded(name, arguments)
+    return bfcl_env.BFCLEnvironment(entry()).execute_decoded(name, arguments)
 
 
 @pytest.mark.parametrize(("name", "arguments", "expected"), [
@@ -81,12 +81,12 @@ def test_a_spaced_name_runs_the_bare_method() -> None:
 def test_text_that_would_run_more_than_a_call_is_not_run(name: str) -> None:
     observation = ours(name, {"file": "x"})
     assert observation.startswith("Error during execution: name is not defined (envace does not run")
-    methods, instances = bfcl._call_names(tuple(entry().involved_classes))
+    methods, instances = bfcl_check._call_names(tuple(entry().involved_classes))
     assert checker_call(ToolCall(name, {"file": "x"}), methods, instances) == UNDEFINED_CALL
 
 
 def test_an_argument_that_calls_is_not_run() -> None:
-    methods, instances = bfcl._call_names(tuple(entry().involved_classes))
+    methods, instances = bfcl_check._call_names(tuple(entry().involved_classes))
     text = bfcl_exec.official_text("cd", {"folder=open('x'),y": 1})
     assert bfcl_exec.checker_text(text, methods, instances) is None
     assert ours("cd", {"folder=open('x'),y": 1}).startswith("Error during execution: name is not defined")

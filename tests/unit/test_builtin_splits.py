@@ -40,7 +40,9 @@ from envace.builtin.templates import (
     transfer,
     withdraw,
 )
-from envace.data.tasks import TaskFormatError, load_tasks, reference_calls
+from envace.data.task_reference import reference_calls
+from envace.data.task_schema import TaskFormatError
+from envace.data.tasks import load_tasks
 from envace.envs.real import RealEnvironment
 from envace.rewards.task_success import TaskSuccess, task_score
 from envace.types import EnvSpec, ExpectedAnswer, SuccessSpec, Task, ToolCall

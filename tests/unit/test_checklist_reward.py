@@ -11,23 +11,12 @@ from typing import Any
 
 import pytest
 
-from envace.rewards.checklist import (
-    VERDICT_FIELDS,
-    ChecklistReward,
-    HTTPJudge,
-    JudgeRequest,
-    JudgeUnavailable,
-    LocalJudge,
-    ScriptedJudge,
-    build_prompt,
-    judging_failed,
-    mask_groups_with_failed_judging,
-    parse_verdict,
-    read_checklists,
-    split_reasoning,
-    split_user_turns,
-)
+from envace.rewards.checklist import ChecklistReward, judging_failed, mask_groups_with_failed_judging
+from envace.rewards.checklist_prompt import build_prompt, read_checklists
+from envace.rewards.judges import HTTPJudge, JudgeRequest, JudgeUnavailable, LocalJudge, ScriptedJudge
 from envace.rewards.scoring import score_episodes
+from envace.rewards.transcript import split_reasoning, split_user_turns
+from envace.rewards.verdicts import VERDICT_FIELDS, parse_verdict
 from envace.types import Episode, ExpectedAnswer, Role, Sample, SuccessSpec
 
 

@@ -19,7 +19,8 @@ from envace.builtin.bank import Bank
 from envace.envs.real import tool_schemas_from_class
 from envace.policy.chat import decode
 from envace.roles.rehearse import default_system_prompt
-from envace.rollout.runner import EpisodeRunner, RolloutConfig
+from envace.rollout.config import RolloutConfig
+from envace.rollout.runner import EpisodeRunner
 from envace.types import EnvSpec, Episode, SuccessSpec, Task
 from envace.worlds import RealWorld, RehearseWorld
 

@@ -34,7 +34,8 @@ from envace.builtin.generator import task_key as _task_key
 from envace.builtin.generator import template_of as _template_of
 from envace.builtin.oracle import call_text
 from envace.builtin.task_sets import load_task_set, resolve_task_path
-from envace.data.tasks import load_tasks, reference_calls
+from envace.data.task_reference import reference_calls
+from envace.data.tasks import load_tasks
 from envace.envs.real import RealEnvironment, tool_schemas_from_class
 from envace.rewards.task_success import TaskSuccess, task_score
 from envace.types import EnvSpec, ExpectedAnswer, SuccessSpec, Task, ToolCall

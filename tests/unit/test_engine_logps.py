@@ -13,7 +13,8 @@ from envace.engines.base import Generation
 from envace.engines.stream import TokenStream
 from envace.envs.real import tool_schemas_from_class
 from envace.rollout.collate import collate
-from envace.rollout.runner import EpisodeRunner, RolloutConfig
+from envace.rollout.config import RolloutConfig
+from envace.rollout.runner import EpisodeRunner
 from envace.training.update import GRPOConfig
 from envace.types import EnvSpec, Role, Sample, SuccessSpec, Task
 from envace.worlds import RealWorld

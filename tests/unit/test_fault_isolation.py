@@ -25,7 +25,8 @@ from envace.policy.chat import encode
 from envace.rewards import TaskSuccess
 from envace.rewards.scoring import score_episodes
 from envace.rollout.collate import collate
-from envace.rollout.runner import EpisodeRunner, RolloutConfig
+from envace.rollout.config import RolloutConfig
+from envace.rollout.runner import EpisodeRunner
 from envace.training.advantages import group_advantages, role_group_ids
 from envace.types import EnvSpec, Episode, ExpectedAnswer, ExpectedCall, Role, Sample, SuccessSpec, Task, ToolCall
 from envace.world_model.audit import WorldAudit

@@ -65,3 +65,20 @@ def test_without_slack_a_larger_micro_batch_on_a_trimmed_heap_raises_the_working
 def test_a_negative_slack_is_refused() -> None:
     with pytest.raises(ValueError, match="slack must be >= 0"):
         FreedMemory(slack=-0.1)
+
+
+def test_a_rollout_returns_its_freed_memory_only_over_the_ceiling(scripted) -> None:
+    from envace.training.base import PolicyModule
+
+    readings, trims = scripted
+    module = PolicyModule()  # on CPU
+    readings += [GB]
+    module.return_freed_memory()  # a validation: always trims, and takes the floor
+    readings += [3 * GB]
+    module.return_freed_memory("micro_batch")  # on the trimmed heap: a 2 GB working set
+    readings += [int(2.5 * GB)]  # the rollout's freed keys and values, within it: kept for the update to reuse
+    module.return_freed_memory("rollout")
+    assert len(trims) == 1
+    readings += [int(3.5 * GB), GB]  # more than it: given back, and the floor taken again
+    module.return_freed_memory("rollout")
+    assert len(trims) == 2 and module.freed_memory.floor == GB

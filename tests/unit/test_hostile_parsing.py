@@ -23,7 +23,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from envace.benchmarks.vita_scoring import parse_judge_reply
-from envace.data.tasks import parse_task
+from envace.data.task_parsing import parse_task
 from envace.roles.parsing import (
     CALL_CLOSE,
     CALL_OPEN,

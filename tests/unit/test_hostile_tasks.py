@@ -22,7 +22,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from envace.builtin.task_sets import load_task_set
-from envace.data.tasks import TaskFormatError, load_tasks, parse_task, write_tasks
+from envace.data.task_parsing import parse_task
+from envace.data.task_schema import TaskFormatError
+from envace.data.tasks import load_tasks, write_tasks
 from envace.roles.parsing import MAX_JSON_DEPTH, validate_call
 from envace.types import ToolCall
 

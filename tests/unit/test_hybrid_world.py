@@ -15,7 +15,8 @@ from test_runner import CALL_A1, TASK, call_text, result_text, tool_messages
 from envace.builtin.task_sets import resolve_task_path
 from envace.data.tasks import load_tasks
 from envace.evaluation.metrics import rollout_metrics
-from envace.rollout.runner import EpisodeRunner, RolloutConfig
+from envace.rollout.config import RolloutConfig
+from envace.rollout.runner import EpisodeRunner
 from envace.types import Episode, ToolCall
 from envace.world_model.fidelity import LiveFidelity
 from envace.worlds import CacheWorld, HybridWorld, Mix, MixSchedule, ResponseCache

@@ -192,7 +192,8 @@ def test_a_rehearsed_rollout_is_token_identical_with_either_engine(noisy) -> Non
     from dataclasses import replace
 
     from envace.builtin.task_sets import load_task_set
-    from envace.rollout.runner import EpisodeRunner, RolloutConfig
+    from envace.rollout.config import RolloutConfig
+    from envace.rollout.runner import EpisodeRunner
     from envace.worlds import RehearseWorld
 
     model, tok = noisy

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from envace.data.tasks import parse_task
+from envace.data.task_parsing import parse_task
 from envace.policy import TinyPolicy
-from envace.rollout.runner import RolloutConfig
+from envace.rollout.config import RolloutConfig
 from envace.training.base import PolicyModule
 from envace.training.module import EnvACEModule
 from envace.training.sft import SFTModule

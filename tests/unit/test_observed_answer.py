@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from envace.data.tasks import reference_steps
+from envace.data.task_reference import reference_steps
 from envace.rewards import ObservedAnswerSuccess, TaskSuccess
 from envace.rewards.observed import answer_provenance, observed_answer
 from envace.types import (

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from envace.data.tasks import parse_task
+from envace.data.task_parsing import parse_task
 from envace.roles.parsing import (
     CallError,
     ExecutionResult,

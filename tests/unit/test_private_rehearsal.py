@@ -15,6 +15,7 @@ from helpers import ScriptedEngine, act_texts, call_text, result_text
 from envace.builtin.bank import Bank
 from envace.envs.real import tool_schemas_from_class
 from envace.policy.chat import decode, encode, render
+from envace.rollout.config import RolloutConfig
 from envace.rollout.private_rehearsal import (
     MEMORY_HEADER,
     JudgedCommit,
@@ -24,7 +25,7 @@ from envace.rollout.private_rehearsal import (
     memory_text,
 )
 from envace.rollout.rehearsing import RehearsingRunner
-from envace.rollout.runner import EpisodeRunner, RolloutConfig
+from envace.rollout.runner import EpisodeRunner
 from envace.types import EnvSpec, Episode, ExpectedCall, SuccessSpec, Task, ToolCall
 from envace.worlds import RealWorld, RehearseWorld
 
@@ -235,7 +236,8 @@ def test_the_committed_prompt_is_the_real_conversation_plus_the_memory_and_nothi
 
 def test_a_benchmark_harness_rehearses_privately_and_only_committed_calls_reach_it(tok):
     pytest.importorskip("tau2")
-    from envace.benchmarks.tau2 import evaluate, load_tasks
+    from envace.benchmarks.tau2 import load_tasks
+    from envace.benchmarks.tau2_eval import evaluate
 
     task = load_tasks("telecom", "test")[0]  # gold: toggle_data_saver_mode, then toggle_roaming (phone tools, solo)
     saver, roaming = call_text("toggle_data_saver_mode", {}), call_text("toggle_roaming", {})

@@ -24,7 +24,8 @@ from helpers import ScriptedEngine, call_text
 from envace.builtin.bank import Bank
 from envace.envs.real import tool_schemas_from_class
 from envace.policy.chat import TemplateError, check_chat_template, decode, render
-from envace.rollout.runner import EpisodeRunner, RolloutConfig, check_trained_tokens
+from envace.rollout.config import RolloutConfig
+from envace.rollout.runner import EpisodeRunner, check_trained_tokens
 from envace.types import EnvSpec, Episode, ExpectedAnswer, ExpectedCall, Role, Sample, SuccessSpec, Task
 from envace.worlds import RealWorld
 

@@ -12,7 +12,9 @@ from helpers import make_row
 
 from envace.builtin.task_sets import load_task_set
 from envace.data.reference_format import load_reference_rows, row_to_task
-from envace.data.tasks import TaskFormatError, load_tasks, reference_calls, write_tasks
+from envace.data.task_reference import reference_calls
+from envace.data.task_schema import TaskFormatError
+from envace.data.tasks import load_tasks, write_tasks
 from envace.rewards.scoring import _score
 from envace.types import Episode, Sample, Standard, SuccessSpec, ToolCall
 

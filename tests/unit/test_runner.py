@@ -23,7 +23,8 @@ from envace.engines.base import HFEngine
 from envace.envs.real import tool_schemas_from_class
 from envace.policy import TinyPolicy
 from envace.policy.chat import encode, render
-from envace.rollout.runner import EpisodeRunner, RolloutConfig
+from envace.rollout.config import RolloutConfig
+from envace.rollout.runner import EpisodeRunner
 from envace.types import (
     EnvSpec,
     Episode,

@@ -9,7 +9,8 @@ import pytest
 from helpers import make_row
 
 from envace.builtin.task_sets import load_task_set
-from envace.data.tasks import TaskFormatError, load_tasks
+from envace.data.task_schema import TaskFormatError
+from envace.data.tasks import load_tasks
 
 
 def record(task_id: str) -> dict:

@@ -11,11 +11,14 @@ import pytest
 from helpers import ScriptedEngine, make_row
 
 from envace.data.reference_format import row_to_task
-from envace.data.tasks import TaskFormatError, load_tasks, parse_task, write_tasks
+from envace.data.task_parsing import parse_task
+from envace.data.task_schema import TaskFormatError
+from envace.data.tasks import load_tasks, write_tasks
 from envace.evaluation.evaluator import NO_VALUE, GroupedSuccess, PolicyEvaluator, group_value, metric_name_part
 from envace.policy import TinyPolicy
 from envace.policy.chat import decode
-from envace.rollout.runner import EpisodeRunner, RolloutConfig
+from envace.rollout.config import RolloutConfig
+from envace.rollout.runner import EpisodeRunner
 from envace.training.sft import SFTModule
 from envace.types import Episode, EpisodeStats, Role, Sample
 from envace.world_model.alignment import AlignmentRows, DemonstrationRows

@@ -10,7 +10,11 @@ from typing import Any
 import pytest
 
 from envace.builtin.task_sets import load_task_set, resolve_task_path
-from envace.data.tasks import TaskFormatError, load_tasks, parse_task, reference_calls, task_to_record
+from envace.data.task_parsing import parse_task
+from envace.data.task_records import task_to_record
+from envace.data.task_reference import reference_calls
+from envace.data.task_schema import TaskFormatError
+from envace.data.tasks import load_tasks
 from envace.types import EnvSpec, ExpectedAnswer, ExpectedCall, ToolCall
 
 BALANCE_TOOL = {
@@ -272,7 +276,7 @@ def test_tool_unlocks_name_tools_of_the_task(tmp_path: Path) -> None:
 
 
 def test_a_recorded_working_is_kept_and_must_be_text(tmp_path: Path) -> None:
-    from envace.data.tasks import reference_reasoning
+    from envace.data.task_reference import reference_reasoning
 
     record = make_record()
     record["reference"][1]["reasoning"] = "A1 has 120."

@@ -36,7 +36,7 @@ def test_bad_domains_splits_ids_and_modes_are_refused_by_name() -> None:
 
 
 def test_the_gold_policy_earns_the_full_reward_through_the_rollout(tiny_tokenizer) -> None:
-    from envace.benchmarks.tau2 import GoldSoloPolicy, evaluate_solo
+    from envace.benchmarks.tau2_eval import GoldSoloPolicy, evaluate_solo
 
     for task in load_tasks("telecom", "test")[:3]:
         result = evaluate_solo([task], GoldSoloPolicy(task, tiny_tokenizer), tiny_tokenizer)
@@ -51,7 +51,7 @@ def test_a_solo_episode_is_scored_only_if_it_ends_with_taus_stop(tiny_tokenizer)
     they had ended properly, and its gold policy ended in plain text."""
     from envace.benchmarks.parity import block
     from envace.benchmarks.scripted import ScriptedPolicy
-    from envace.benchmarks.tau2 import evaluate
+    from envace.benchmarks.tau2_eval import evaluate
 
     task = load_tasks("telecom", "test")[0]
     calls = [block(a.name, a.arguments) for a in task.evaluation_criteria.actions]
@@ -70,7 +70,7 @@ def test_a_solo_episode_is_scored_only_if_it_ends_with_taus_stop(tiny_tokenizer)
 
 
 def test_solo_tasks_carry_taus_solo_instructions_and_its_done_tool() -> None:
-    from envace.benchmarks.tau2 import DONE_TOOL, to_task
+    from envace.benchmarks.tau2_tasks import DONE_TOOL, to_task
 
     converted = to_task(load_tasks("telecom", "test")[0])
     assert DONE_TOOL in converted.tools
@@ -79,7 +79,7 @@ def test_solo_tasks_carry_taus_solo_instructions_and_its_done_tool() -> None:
 
 
 def test_solo_conversion_refuses_domains_that_need_a_user() -> None:
-    from envace.benchmarks.tau2 import to_task
+    from envace.benchmarks.tau2_tasks import to_task
 
     task = load_tasks("telecom", "test")[0]
     converted = to_task(task)
@@ -93,10 +93,10 @@ def test_solo_conversion_refuses_domains_that_need_a_user() -> None:
 def test_a_tiny_random_policy_runs_telecom_solo_deterministically(tiny_tokenizer) -> None:
     import torch
 
-    from envace.benchmarks.tau2 import evaluate_solo
+    from envace.benchmarks.tau2_eval import evaluate_solo
     from envace.engines.base import HFEngine
     from envace.policy.tiny import build_model
-    from envace.rollout.runner import RolloutConfig
+    from envace.rollout.config import RolloutConfig
 
     model = build_model(tiny_tokenizer, hidden=32, layers=1, seed=0, max_positions=32768)
     engine = HFEngine(model, pad_id=tiny_tokenizer.pad_token_id, stop_ids=[tiny_tokenizer.eos_token_id])
@@ -116,11 +116,11 @@ def test_a_tiny_random_policy_runs_telecom_solo_deterministically(tiny_tokenizer
 def test_a_tiny_random_policy_and_user_run_retail_deterministically(tiny_tokenizer) -> None:
     import torch
 
-    from envace.benchmarks.tau2 import evaluate
+    from envace.benchmarks.tau2_eval import evaluate
     from envace.engines.base import HFEngine
     from envace.engines.chat_model import ChatModel
     from envace.policy.tiny import build_model
-    from envace.rollout.runner import RolloutConfig
+    from envace.rollout.config import RolloutConfig
 
     def engine(seed: int) -> HFEngine:
         model = build_model(tiny_tokenizer, hidden=32, layers=1, seed=seed, max_positions=16384)
@@ -157,7 +157,7 @@ def scripted_user(tokenizer, lines: list[str]):
 
 
 def test_user_mode_conversion_opens_with_the_greeting_and_the_users_scenario() -> None:
-    from envace.benchmarks.tau2 import GREETING, to_task
+    from envace.benchmarks.tau2_tasks import GREETING, to_task
 
     task = load_tasks("telecom", "test", ids=[TELECOM_USER_TASK])[0]
     converted = to_task(task, "telecom", mode="user")
@@ -170,7 +170,7 @@ def test_user_mode_conversion_opens_with_the_greeting_and_the_users_scenario() -
 
 
 def test_retail_gold_actions_with_a_simulated_user_earn_the_full_reward(tiny_tokenizer) -> None:
-    from envace.benchmarks.tau2 import GoldPolicy, evaluate
+    from envace.benchmarks.tau2_eval import GoldPolicy, evaluate
 
     task = load_tasks("retail", "test")[0]
     user = scripted_user(tiny_tokenizer, ["I want to return some items.", "Thanks! ###STOP###"])
@@ -182,9 +182,9 @@ def test_retail_gold_actions_with_a_simulated_user_earn_the_full_reward(tiny_tok
 
 
 def test_an_episode_its_user_did_not_end_scores_zero_and_a_failed_user_is_not_scored(tiny_tokenizer) -> None:
-    from envace.benchmarks.tau2 import GoldPolicy, evaluate
+    from envace.benchmarks.tau2_eval import GoldPolicy, evaluate
     from envace.engines.chat_model import ChatModel
-    from envace.rollout.runner import RolloutConfig
+    from envace.rollout.config import RolloutConfig
 
     task = load_tasks("retail", "test")[0]
     user = scripted_user(tiny_tokenizer, ["I want to return some items."])
@@ -201,7 +201,7 @@ def test_an_episode_its_user_did_not_end_scores_zero_and_a_failed_user_is_not_sc
 def test_the_telecom_user_operates_the_phone_and_the_evaluators_see_it(tiny_tokenizer) -> None:
     from helpers import ScriptedEngine
 
-    from envace.benchmarks.tau2 import evaluate
+    from envace.benchmarks.tau2_eval import evaluate
 
     task = load_tasks("telecom", "test", ids=[TELECOM_USER_TASK])[0]
     call = '<tool_call>\n{{"name": "{}", "arguments": {{}}}}\n</tool_call>'
@@ -230,7 +230,8 @@ def test_training_tasks_hold_out_the_test_split_and_carry_gold_references() -> N
     import json
 
     from envace.benchmarks.tau2_train import Tau2Toolbox, training_task
-    from envace.data.tasks import parse_task, task_to_record
+    from envace.data.task_parsing import parse_task
+    from envace.data.task_records import task_to_record
 
     with pytest.raises(ValueError, match="in the test split, held out"):
         training_task(load_tasks("retail", "test")[0], "retail", "user")
@@ -249,7 +250,7 @@ def test_training_tasks_hold_out_the_test_split_and_carry_gold_references() -> N
 def test_tau2_reward_replays_the_episodes_calls_whatever_answered_them(tiny_tokenizer) -> None:
     from dataclasses import replace
 
-    from envace.benchmarks.tau2 import GoldSoloPolicy, evaluate
+    from envace.benchmarks.tau2_eval import GoldSoloPolicy, evaluate
     from envace.benchmarks.tau2_train import Tau2Reward
 
     task = load_tasks("telecom", "test")[0]

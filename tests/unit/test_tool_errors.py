@@ -15,7 +15,7 @@ import pytest
 
 from envace.envs.real import RealEnvironment
 from envace.evaluation.metrics import reports_error, rollout_metrics
-from envace.rewards.checklist import is_tool_error
+from envace.rewards.transcript import is_tool_error
 from envace.types import (
     EnvSpec,
     Episode,

@@ -8,8 +8,10 @@ import pytest
 from helpers import ScriptedEngine
 from test_runner import CALL_A1, call_text, two_turn_task
 
-from envace.rewards.checklist import ChecklistReward, JudgeUnavailable, ScriptedJudge
-from envace.rollout.runner import EpisodeRunner, RolloutConfig
+from envace.rewards.checklist import ChecklistReward
+from envace.rewards.judges import JudgeUnavailable, ScriptedJudge
+from envace.rollout.config import RolloutConfig
+from envace.rollout.runner import EpisodeRunner
 from envace.types import Episode, Standard, Task
 from envace.worlds import RealWorld
 

@@ -12,7 +12,8 @@ from envace.builtin.bank import Bank
 from envace.engines.chat_model import ChatModel
 from envace.envs.real import tool_schemas_from_class
 from envace.policy.chat import encode, render
-from envace.rollout.runner import EpisodeRunner, RolloutConfig
+from envace.rollout.config import RolloutConfig
+from envace.rollout.runner import EpisodeRunner
 from envace.types import EnvSpec, Episode, Role, SuccessSpec, Task, ToolCall
 from envace.worlds import RealWorld
 from envace.worlds.users import ModelUser, ScriptedUser, UserReply, UserRequest

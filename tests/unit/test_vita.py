@@ -503,7 +503,7 @@ ORDER = {"store_id": "S1", "product_id": "P1", "quantity": "2", "address": "Ward
 
 
 def small_rollout(**kwargs: Any) -> Any:
-    from envace.rollout.runner import RolloutConfig
+    from envace.rollout.config import RolloutConfig
 
     return RolloutConfig(**{"act_temperature": 0.0, "max_turns": 10, "max_tool_calls": 10, "max_context_tokens": 8192,
                             **kwargs})
