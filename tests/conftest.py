@@ -12,7 +12,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest
 import torch
-from helpers import RELEASE
+from helpers import RELEASE, load_benchmark
 from hypothesis import settings
 
 torch.set_num_threads(1)
@@ -95,3 +95,45 @@ def pytest_report_header(config) -> str:
 
     names = ("torch", "transformers", "lightning", "peft", "bitsandbytes")
     return "packages: " + ", ".join(f"{name} {resolved(name)}" for name in names)
+
+
+STUDY_PARTS = ("study_settings", "study_plan", "study_jobs", "study_report")
+"""The controlled study's modules beside its command line (benchmarks/controlled_study.py imports them)."""
+
+
+@pytest.fixture(scope="module")
+def study():
+    """The study's command line; loading it puts benchmarks/ on ``sys.path`` and imports its parts, popped with it."""
+    import sys
+
+    yield load_benchmark("controlled_study")
+    for name in ("controlled_study", *STUDY_PARTS):
+        sys.modules.pop(name, None)
+
+
+@pytest.fixture(scope="module")
+def study_settings(study):
+    import sys
+
+    return sys.modules["study_settings"]
+
+
+@pytest.fixture(scope="module")
+def study_plan(study):
+    import sys
+
+    return sys.modules["study_plan"]
+
+
+@pytest.fixture(scope="module")
+def study_jobs(study):
+    import sys
+
+    return sys.modules["study_jobs"]
+
+
+@pytest.fixture(scope="module")
+def study_report(study):
+    import sys
+
+    return sys.modules["study_report"]

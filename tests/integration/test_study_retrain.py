@@ -2,35 +2,15 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
-from helpers import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ("--model.init_args.policy.init_args.hidden=32", "--model.init_args.policy.init_args.layers=1",
          "--model.init_args.rollout.act_max_new_tokens=8", "--model.init_args.rollout.rehearse_max_new_tokens=8",
          "--trainer.min_steps=0", "--data.batch_size=2", "--data.val_tasks=builtin:bank-val:4",
          "--data.eval_batch_size=4")
-
-
-@pytest.fixture(scope="module")
-def study():
-    """The command line; loading it puts benchmarks/ on ``sys.path`` and imports its parts, popped with it."""
-    yield load_benchmark("controlled_study")
-    for name in ("controlled_study", "study_settings", "study_plan", "study_jobs", "study_report"):
-        sys.modules.pop(name, None)
-
-
-@pytest.fixture(scope="module")
-def study_settings(study):
-    return sys.modules["study_settings"]
-
-
-@pytest.fixture(scope="module")
-def study_jobs(study):
-    return sys.modules["study_jobs"]
 
 
 @pytest.mark.slow

@@ -3,45 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
-from helpers import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-PARTS = ("study_settings", "study_plan", "study_jobs", "study_report")
-"""The study's modules beside the script, which it imports by name (benchmarks/ on ``sys.path``)."""
-
-
-@pytest.fixture(scope="module")
-def study():
-    """The command line; loading it puts benchmarks/ on ``sys.path`` and imports its parts, popped with it."""
-    yield load_benchmark("controlled_study")
-    for name in ("controlled_study", *PARTS):
-        sys.modules.pop(name, None)
-
-
-@pytest.fixture(scope="module")
-def study_settings(study):
-    return sys.modules["study_settings"]
-
-
-@pytest.fixture(scope="module")
-def study_plan(study):
-    return sys.modules["study_plan"]
-
-
-@pytest.fixture(scope="module")
-def study_jobs(study):
-    return sys.modules["study_jobs"]
-
-
-@pytest.fixture(scope="module")
-def study_report(study):
-    return sys.modules["study_report"]
 
 
 def test_levers_keep_their_order_and_a_repeated_name_adds_overrides(study_settings):
