@@ -31,16 +31,9 @@ import torch  # noqa: E402
 from envace.builtin.task_sets import load_task_set  # noqa: E402
 from envace.engines.kv_engine import CachedEngine  # noqa: E402
 from envace.policy import HFPolicy  # noqa: E402
+from envace.roles.compare import rehearsal_target, score_reply  # noqa: E402
 from envace.runtime.cpu_precision import cpu_dtype  # noqa: E402
-from envace.world_model.fidelity import (  # noqa: E402
-    Probe,
-    per_tool,
-    reference_probes,
-    rehearsal_target,
-    rehearse_replies,
-    score_reply,
-    summarize,
-)
+from envace.world_model.fidelity import Probe, per_tool, reference_probes, rehearse_replies, summarize  # noqa: E402
 from envace.worlds import RehearseWorld  # noqa: E402
 from envace.worlds.base import ToolReply  # noqa: E402
 

@@ -56,7 +56,7 @@ from envace.benchmarks import (  # noqa: E402
     tau2,
 )
 from envace.policy import TinyPolicy  # noqa: E402  (its tokenizer renders the gold policy's prompts)
-from envace.world_model.fidelity import score_response  # noqa: E402
+from envace.roles.compare import score_response  # noqa: E402
 
 
 def gold_policy_accuracy(entries: list[bfcl_data.BFCLEntry]) -> float:

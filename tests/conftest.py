@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -104,36 +105,19 @@ STUDY_PARTS = ("study_settings", "study_plan", "study_jobs", "study_report")
 @pytest.fixture(scope="module")
 def study():
     """The study's command line; loading it puts benchmarks/ on ``sys.path`` and imports its parts, popped with it."""
-    import sys
-
     yield load_benchmark("controlled_study")
     for name in ("controlled_study", *STUDY_PARTS):
         sys.modules.pop(name, None)
 
 
-@pytest.fixture(scope="module")
-def study_settings(study):
-    import sys
+def _study_part(name: str):  # noqa: ANN202 - a pytest fixture
+    """A module-scoped fixture: the study's module ``name``, imported by its command line."""
 
-    return sys.modules["study_settings"]
+    @pytest.fixture(scope="module")
+    def part(study):  # noqa: ANN001, ANN202, ARG001 - needs the command line loaded
+        return sys.modules[name]
 
-
-@pytest.fixture(scope="module")
-def study_plan(study):
-    import sys
-
-    return sys.modules["study_plan"]
+    return part
 
 
-@pytest.fixture(scope="module")
-def study_jobs(study):
-    import sys
-
-    return sys.modules["study_jobs"]
-
-
-@pytest.fixture(scope="module")
-def study_report(study):
-    import sys
-
-    return sys.modules["study_report"]
+study_settings, study_plan, study_jobs, study_report = (_study_part(name) for name in STUDY_PARTS)

@@ -11,8 +11,9 @@ from envace.rewards.checklist import ChecklistReward
 from envace.rewards.format import FormatPenalty
 from envace.rewards.judges import HTTPJudge, LocalJudge, ScriptedJudge
 from envace.rewards.observed import ObservedAnswerSuccess
-from envace.rewards.shaping import PredictionErrorShaping, leaf_f1
+from envace.rewards.shaping import PredictionErrorShaping
 from envace.rewards.task_success import TaskSuccess, task_score
+from envace.roles.compare import leaf_f1
 
 __all__ = [
     "ChecklistReward",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from envace.roles.compare import json_leaves, leaf_f1  # noqa: F401  (re-exported: envace.rewards.leaf_f1)
+from envace.roles.compare import leaf_f1
 from envace.types import Rehearsal
 
 

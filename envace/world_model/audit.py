@@ -22,8 +22,8 @@ from dataclasses import dataclass, replace
 
 from envace.envs.real import DEFAULT_TOOL_TIMEOUT_S, EnvironmentUnusable, RealEnvironment
 from envace.rewards.base import Reward
+from envace.roles.compare import canonical_text, rehearsal_target
 from envace.types import Episode
-from envace.world_model.fidelity import canonical_text, rehearsal_target
 
 
 @dataclass

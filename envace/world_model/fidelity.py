@@ -21,17 +21,7 @@ from torchmetrics import Metric
 
 from envace.data.task_reference import reference_steps
 from envace.engines.base import Engine, SamplingParams, sessions
-from envace.roles.compare import (  # noqa: F401  (the fidelity measure's scores, defined with the roles)
-    ProbeScore,
-    broken_contract_score,
-    canonical,
-    canonical_text,
-    is_error,
-    rehearsal_target,
-    score_reply,
-    score_response,
-    token_f1,
-)
+from envace.roles.compare import ProbeScore, score_reply
 from envace.types import Task
 from envace.worlds.base import ToolReply, ToolRequest
 from envace.worlds.rehearse import RehearseWorld

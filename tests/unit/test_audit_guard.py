@@ -10,11 +10,11 @@ from test_runner import CALL_A1, TASK, call_text, result_text
 
 from envace.rewards import ObservedAnswerSuccess, TaskSuccess
 from envace.rewards.scoring import score_episodes
+from envace.roles.compare import is_error
 from envace.rollout.config import RolloutConfig
 from envace.rollout.runner import EpisodeRunner
 from envace.types import Episode, ExpectedAnswer, ExpectedCall, SuccessSpec
 from envace.world_model.audit import WorldAudit, replay, sim_to_real
-from envace.world_model.fidelity import is_error
 from envace.world_model.guard import CollusionGuard
 from envace.world_model.quality import WorldQuality
 from envace.worlds import HybridWorld, Mix, MixSchedule, RehearseWorld

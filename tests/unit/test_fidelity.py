@@ -14,23 +14,18 @@ from torch import nn
 
 from envace.builtin.task_sets import resolve_task_path
 from envace.data.tasks import load_tasks
-from envace.types import Task
-from envace.world_model.alignment import _normalise, reference_steps
-from envace.world_model.fidelity import (
-    Probe,
+from envace.roles.compare import (
     ProbeScore,
-    RehearsalFidelity,
     canonical,
     canonical_text,
     is_error,
-    per_tool,
-    reference_probes,
     rehearsal_target,
-    rehearse_probes,
     score_response,
-    summarize,
     token_f1,
 )
+from envace.types import Task
+from envace.world_model.alignment import _normalise, reference_steps
+from envace.world_model.fidelity import Probe, RehearsalFidelity, per_tool, reference_probes, rehearse_probes, summarize
 from envace.worlds.rehearse import RehearseWorld
 
 ONES = ProbeScore(1.0, 1.0, 1.0, 1.0, 1.0)

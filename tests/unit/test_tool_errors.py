@@ -16,6 +16,7 @@ import pytest
 from envace.envs.real import RealEnvironment
 from envace.evaluation.metrics import reports_error, rollout_metrics
 from envace.rewards.transcript import is_tool_error
+from envace.roles.compare import is_error, score_response
 from envace.types import (
     EnvSpec,
     Episode,
@@ -29,7 +30,6 @@ from envace.types import (
     ToolCall,
     is_error_value,
 )
-from envace.world_model.fidelity import is_error, score_response
 
 
 class Lookup:
