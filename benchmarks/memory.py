@@ -22,10 +22,13 @@ runs, and its peak over those steps is reported beside (``peak_ratio_first_steps
   different lengths); with the weights unchanged both sample the same episodes from the same seed and do the same
   work (the benchmark checks the generated tokens per step are equal). ``--trimmed-off`` adds ``off+trim``: the path
   before with freed memory returned as the code now does (``envace.training.memory.FreedMemory``);
-- growth: one SFT run of ``--growth-steps`` steps (bank, batch 4, a validation every quarter of the run and
-  ``export_best`` host copies included), its resident memory read after every step; the growth is the last reading
-  minus the first reading after the first validation (which builds what a run holds once: the best weights' host
-  copy, the evaluation engine), per 100 steps.
+- growth: one SFT run of ``--growth-steps`` steps (bank, batch 4, a validation every quarter of the run with
+  ``export_best`` writing the best weights), its resident memory read after every step. A step's end swings between
+  the floor a trim leaves and the ceiling ``FreedMemory`` tolerates above it, so the growth compares windows: the
+  quarter after the first validation (which builds what a run holds once) against the last quarter, both their
+  highest and their lowest readings; the larger rise, per 100 steps (``growth_per_100``). The run's peak is
+  reported beside it (``growth_peak_gb``): a run that validates holds what the peak cases, run without validation,
+  never see.
 
 Run on an idle machine, one job at a time (``uptime`` first)::
 
@@ -33,11 +36,11 @@ Run on an idle machine, one job at a time (``uptime`` first)::
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/memory.py --sets bank --stages sft --batches 4 16 --growth-steps 0
 
 The last line is ``SUMMARY sft_peak_gb=... rl_peak_gb=... peak_ratio_batch16_over_batch4=...
-growth_gb_per_100_steps=... step_time_ratio=... step_time_ratio_over_trimmed_off=...`` (the largest peaks at the
-defaults over the sets, the largest batch-16 / batch-4 ratio, the growth scaled to 100 steps, and the largest
-ratio of the default's step time over the ``off`` one and over the ``off+trim`` one, over stages and sets), then
-``peak_ratio_first_steps=...``: the ratio with the smaller batch's peak over its first ``--steps`` only (fewer tasks
-than the larger batch's).
+growth_gb_per_100_steps=... growth_peak_gb=... step_time_ratio=... step_time_ratio_over_trimmed_off=...`` (the largest
+peaks at the defaults over the sets, the largest batch-16 / batch-4 ratio, the growth scaled to 100 steps and the
+growth run's peak, and the largest ratio of the default's step time over the ``off`` one and over the ``off+trim``
+one, over stages and sets), then ``peak_ratio_first_steps=...``: the ratio with the smaller batch's peak over its
+first ``--steps`` only (fewer tasks than the larger batch's).
 """
 
 from __future__ import annotations
@@ -239,6 +242,23 @@ def breakdown(result: dict[str, Any], steps: int) -> str:
     return f" (rollout {statistics.fmean(rollout):.1f} s, update {statistics.fmean(update):.1f} s; generated {tokens})"
 
 
+def growth_per_100(rss: list[float], interval: int) -> tuple[float, tuple[tuple[float, float], ...]]:
+    """The growth of resident memory per 100 steps, and the (lowest, highest) step end of the two windows compared.
+
+    Resident memory at a step's end swings between the floor a trim leaves and the ceiling ``FreedMemory`` tolerates
+    above it, so one reading minus another reads the swing. The growth compares windows of ``interval`` steps
+    instead: the first after the first validation (which builds what a run holds once) and the last. Both their
+    highest readings (the ceiling) and their lowest (the floor) are compared; the larger rise, per 100 steps, is the
+    growth.
+    """
+    first, last = rss[interval:2 * interval], rss[-interval:]
+    if len(rss) < 3 * interval or not first:
+        raise ValueError(f"the growth run needs at least {3 * interval} steps, got {len(rss)}")
+    distance = len(rss) - 2 * interval  # steps between the windows' starts
+    rise = max(max(last) - max(first), min(last) - min(first))
+    return rise * 100 / distance, ((min(first), max(first)), (min(last), max(last)))
+
+
 def mean_step(times: list[float]) -> float:
     """The mean step time after the first step (which builds the optimiser state); both paths of a comparison run
     the same seeded batches, so their means cover the same rows."""
@@ -292,7 +312,7 @@ def main(argv: list[str] | None = None) -> None:
                     step_ratio.append(ratios["0"])
                     if "0+trim" in ratios:
                         trimmed_ratio.append(ratios["0+trim"])
-        growth = float("nan")
+        growth = growth_peak = float("nan")
         if opts.growth_steps:
             root = Path(tmp, "growth")
             args = case_args("sft", "bank", small, "default", opts.growth_steps, root)
@@ -300,12 +320,13 @@ def main(argv: list[str] | None = None) -> None:
             args += ["--trainer.limit_val_batches=1", f"--trainer.val_check_interval={interval}",
                      "--data.eval_batch_size=8", "--model.init_args.export_best=val/success_act",
                      f"--model.init_args.export_dir={root}/policy"]
-            rss = run_case(args, rss_every_step=True)["rss"]
-            start = min(interval, len(rss) - 2)  # the first reading after the first validation: warm-up done
-            growth = (rss[-1] - rss[start]) * 100 / (len(rss) - 1 - start)
-            print(f"growth: {rss[0]:.2f} GB after step 1, {rss[start]:.2f} after step {start + 1} (after the first "
-                  f"validation), {rss[-1]:.2f} after step {len(rss)}; every step: "
-                  f"{' '.join(f'{x:.2f}' for x in rss)}", flush=True)
+            result = run_case(args, rss_every_step=True)
+            rss, growth_peak = result["rss"], result["peak_gb"]
+            growth, envelope = growth_per_100(rss, interval)
+            print(f"growth: {rss[0]:.2f} GB after step 1; after the first validation, step ends between "
+                  f"{envelope[0][0]:.2f} and {envelope[0][1]:.2f} GB (steps {interval + 1}-{2 * interval}), in the "
+                  f"last {interval} steps between {envelope[1][0]:.2f} and {envelope[1][1]:.2f} GB; peak "
+                  f"{growth_peak:.2f} GB; every step: {' '.join(f'{x:.2f}' for x in rss)}", flush=True)
     print("\n| stage | tasks | batch | budget | peak GB | step s |\n|---|---|---|---|---|---|")
     for stage, task_set, batch, budget, peak, step in rows:
         print(f"| {stage} | {task_set} | {batch} | {budget} | {peak:.2f} | {step:.1f} |")
@@ -320,7 +341,7 @@ def main(argv: list[str] | None = None) -> None:
     steps = max(step_ratio, default=float("nan"))
     trimmed = max(trimmed_ratio, default=float("nan"))
     print(f"SUMMARY sft_peak_gb={sft:.2f} rl_peak_gb={rl:.2f} peak_ratio_batch16_over_batch4={ratio:.3f} "
-          f"growth_gb_per_100_steps={growth:.3f} step_time_ratio={steps:.3f} "
+          f"growth_gb_per_100_steps={growth:.3f} growth_peak_gb={growth_peak:.2f} step_time_ratio={steps:.3f} "
           f"step_time_ratio_over_trimmed_off={trimmed:.3f} peak_ratio_first_steps={first:.3f}")
 
 

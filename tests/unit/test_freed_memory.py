@@ -82,3 +82,42 @@ def test_a_rollout_returns_its_freed_memory_only_over_the_ceiling(scripted) -> N
     readings += [int(3.5 * GB), GB]  # more than it: given back, and the floor taken again
     module.return_freed_memory("rollout")
     assert len(trims) == 2 and module.freed_memory.floor == GB
+
+
+def test_a_restart_measures_the_working_set_again(scripted) -> None:
+    """After a validation the ceiling is measured anew: a working set an earlier heap left does not raise it."""
+    readings, trims = scripted
+    freed = FreedMemory()
+    readings += [GB, 4 * GB]
+    freed.release()
+    assert not freed.check() and freed.working == 3 * GB  # a 3 GB working set on the first heap
+    readings += [int(1.5 * GB)]
+    assert freed.restart() and freed.floor == int(1.5 * GB) and freed.working == 0 and len(trims) == 2
+    readings += [int(3.5 * GB)]  # the first micro-batch after it runs on the trimmed heap: 2 GB, the new ceiling
+    assert not freed.check() and freed.working == 2 * GB
+    readings += [int(4.0 * GB)]  # 2.5 GB over the floor: within the old 3 GB, over the new 2 GB, so trimmed
+    assert freed.check() and len(trims) == 3
+
+
+def test_a_validation_takes_the_floor_after_writing_the_best_weights(scripted, tmp_path) -> None:
+    """The floor counts what the validation left (the write of the best weights included): nothing is counted twice."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from envace.training.base import PolicyModule
+
+    readings, trims = scripted
+    module = PolicyModule()
+    module.model = torch.nn.Linear(1, 1, bias=False)
+    module.configure_export("out", "val/success_act")
+    module._trainer = SimpleNamespace(  # type: ignore[assignment]
+        sanity_checking=False, state=SimpleNamespace(fn="fit"), global_step=5, is_global_zero=True,
+        default_root_dir=str(tmp_path), callback_metrics={"val/success_act": torch.tensor(0.5)})
+    order: list[str] = []
+    keep = module.best.keep
+    module.best.keep = lambda *a, **k: (order.append("best"), keep(*a, **k))[1]  # type: ignore[method-assign]
+    readings += [2 * GB]
+    module.on_validation_end()
+    assert order == ["best"] and trims == ["trim"] and module.freed_memory.floor == 2 * GB
+    assert module.best.path is not None and module.best.path.is_file()

@@ -132,3 +132,23 @@ def test_the_memory_benchmark_writes_a_long_response_task_set_the_loader_accepts
     assert {"--model.init_args.micro_batch_tokens=0", "--model.init_args.policy.init_args.gradient_checkpointing=false",
             "--model.init_args.memory_limit_gb=0"} <= set(trimmed)
     assert f"--data.train_tasks={root / 'long.jsonl'}" in args and (root / "long.jsonl").read_text() != ""
+
+
+def test_the_growth_compares_the_windows_ceilings_and_floors_not_two_readings() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("memory_bench", ROOT / "benchmarks" / "memory.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    warm = [2.0, 2.5]  # the steps before the first validation are not compared
+    swing = [3.0, 5.0, 3.0, 5.0]  # trimmed floor and ceiling: a swing, not growth
+    growth, windows = bench.growth_per_100(warm + swing[:2] + swing[2:] + [3.0, 5.0], 2)
+    assert growth == 0.0 and windows == ((3.0, 5.0), (3.0, 5.0))
+    # a ceiling 0.4 GB higher 4 steps later (windows start at steps 3 and 7): 10 GB per 100 steps
+    growth, _ = bench.growth_per_100(warm + [3.0, 5.0, 3.0, 5.0, 3.0, 5.4], 2)
+    assert growth == pytest.approx(0.4 * 100 / 4)
+    # a floor that rises while the ceiling stays: growth too
+    growth, _ = bench.growth_per_100(warm + [3.0, 5.0, 3.0, 5.0, 3.2, 5.0], 2)
+    assert growth == pytest.approx(0.2 * 100 / 4)
+    with pytest.raises(ValueError, match="at least 6 steps"):
+        bench.growth_per_100([1.0] * 5, 2)
