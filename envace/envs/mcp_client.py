@@ -100,6 +100,7 @@ class MCPClient:
             timed_out = isinstance(exc, concurrent.futures.TimeoutError | TimeoutError)
             cause = f"no answer within {start_timeout_s:g} s" if timed_out else _cause(exc)
             message = self._message(f"did not start ({cause})")  # before close removes the log
+            self.pid = self.pid or _read_pid(self._pid_file)  # a server that started but never answered: killed
             self.close(hard=True)
             raise MCPServerError(message) from None
 

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -21,21 +22,30 @@ pytest.importorskip("mcp")
 from envace.envs.mcp_client import MCPClient, MCPServerError, MCPTimeout, ServerCommand  # noqa: E402
 
 SERVER = Path(__file__).parents[1] / "fixtures" / "mcp_faulty_server.py"
-FAULTY = ServerCommand(sys.executable, (str(SERVER),))
+TOKEN = ("ENVACE_TEST_MCP", uuid.uuid4().hex)
+"""In the environment of every server these tests start: how ``servers`` tells them from any other process's."""
+
+
+def faulty(*flags: str) -> ServerCommand:
+    return ServerCommand(sys.executable, (str(SERVER), *flags), env=(TOKEN,))
+
+
+FAULTY = faulty()
 
 
 def servers() -> list[int]:
-    """Process ids of running faulty servers started from this checkout."""
+    """Process ids of the running servers these tests started."""
+    marker = "=".join(TOKEN).encode()
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+            environ = (entry / "environ").read_bytes().split(b"\0")
             state = (entry / "stat").read_text().rsplit(") ", 1)[1][:1]
         except (OSError, IndexError):
             continue
-        if str(SERVER).encode() in cmdline and state not in ("Z", "X"):
+        if marker in environ and state not in ("Z", "X"):
             found.append(int(entry.name))
     return found
 
@@ -99,13 +109,13 @@ def test_a_server_that_exits_mid_call_is_an_error_naming_the_call() -> None:
 
 def test_a_server_that_does_not_start_is_an_error_with_its_log() -> None:
     with pytest.raises(MCPServerError, match="did not start(.|\n)*refusing to start"):
-        MCPClient(ServerCommand(sys.executable, (str(SERVER), "--fail-start")), start_timeout_s=20)
+        MCPClient(faulty("--fail-start"), start_timeout_s=20)
     with pytest.raises(MCPServerError, match="cannot run '/no/such/server': No such file or directory"):
         MCPClient(ServerCommand("/no/such/server"), start_timeout_s=20)
 
 
 def test_a_server_that_never_answers_initialize_times_out() -> None:
-    silent = ServerCommand(sys.executable, ("-c", "import time; time.sleep(60)"))
+    silent = ServerCommand(sys.executable, ("-c", "import time; time.sleep(60)"), env=(TOKEN,))
     start = time.monotonic()
     with pytest.raises(MCPServerError, match="did not start"):
         MCPClient(silent, start_timeout_s=1)
@@ -113,7 +123,7 @@ def test_a_server_that_never_answers_initialize_times_out() -> None:
 
 
 def test_a_line_that_is_not_json_rpc_is_skipped_and_the_session_goes_on() -> None:
-    with MCPClient(ServerCommand(sys.executable, (str(SERVER), "--garbage"))) as client:
+    with MCPClient(faulty("--garbage")) as client:
         assert client.call_tool("echo", {"text": "x"})["content"][0]["text"] == "x"
 
 
@@ -122,7 +132,7 @@ def test_a_server_blocked_in_a_call_dies_with_a_sigkilled_trainer() -> None:
     trainer = textwrap.dedent(f"""
         import sys, threading, time
         from envace.envs.mcp_client import MCPClient, ServerCommand
-        client = MCPClient(ServerCommand({sys.executable!r}, ({str(SERVER)!r},)))
+        client = MCPClient(ServerCommand({sys.executable!r}, ({str(SERVER)!r},), env=({TOKEN!r},)))
         threading.Thread(target=client.call_tool, args=("sleep", {{"seconds": 120}}, 300), daemon=True).start()
         time.sleep(1.0)
         print(client.pid, flush=True)
