@@ -187,16 +187,15 @@ class MCPClient:
             return future.result(timeout=timeout_s + grace_s)
         except concurrent.futures.TimeoutError:
             future.cancel()
-            self.failed = f"{what}: no answer within {timeout_s:g} s"
-            raise MCPTimeout(self._message(self.failed)) from None
+            cause = "timed out"
         except Exception as exc:  # noqa: BLE001 - the SDK's errors (closed connection, protocol) all mean "failed"
             cause = _cause(exc)
-            if "timed out" in cause.lower():
-                self.failed = f"{what}: no answer within {timeout_s:g} s"
-                raise MCPTimeout(self._message(self.failed)) from None
-            if not _running(self.pid) or "closed" in cause.lower():
-                self.failed = f"{what}: {cause}"
-            raise MCPServerError(self._message(f"{what}: {cause}")) from None
+        if "timed out" in cause.lower():  # the backstop's, or the SDK's own (its wording differs between versions)
+            self.failed = f"{what}: no answer within {timeout_s:g} s"
+            raise MCPTimeout(self._message(self.failed))
+        if not _running(self.pid) or "closed" in cause.lower():
+            self.failed = f"{what}: {cause}"
+        raise MCPServerError(self._message(f"{what}: {cause}"))
 
     def kill(self) -> None:
         """SIGKILL the server process now."""

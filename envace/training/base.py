@@ -38,7 +38,6 @@ class PolicyModule(L.LightningModule):
     optimizer_factory: OptimizerCallable
     scheduler_factory: LRSchedulerCallable | None = None
     export_dir: str | None = None
-    export_best: str | None = None
     best: BestWeights | None = None
     """With ``export_best``: the best validation's score, step and weights file."""
     evaluator: PolicyEvaluator | None  # set by subclasses (an nn.Module: no class-level default, it would shadow it)
@@ -82,7 +81,7 @@ class PolicyModule(L.LightningModule):
         """
         if export_best is not None and export_dir is None:
             raise ValueError("export_best needs export_dir (where to export the best weights)")
-        self.export_dir, self.export_best = export_dir, export_best
+        self.export_dir = export_dir
         self.best = BestWeights(export_best) if export_best is not None else None
 
     def setup(self, stage: str) -> None:

@@ -21,6 +21,8 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 CHECKPOINT_KEY = "envace_best_weights"
+PREFIX = "best_weights-step"
+"""A best validation's file is ``{PREFIX}{step}.pt`` in the run's root directory."""
 
 
 class BestWeights:
@@ -47,14 +49,14 @@ class BestWeights:
         Raises:
             OSError: the file could not be written (the previous best stays as it was).
         """
-        path = Path(root) / f"best_weights-step{step}.pt"
+        path = Path(root) / f"{PREFIX}{step}.pt"
         if write:
             path.parent.mkdir(parents=True, exist_ok=True)
             partial = path.with_name(path.name + ".partial")
             weights = {k: v.detach().cpu() for k, v in state.items()}
             torch.save({"score": score, "step": step, "state_dict": weights}, partial)
             os.replace(partial, path)
-            for other in path.parent.glob("best_weights-step*.pt"):  # the best before, and any a resume left behind
+            for other in _files(path.parent).values():  # the best before, and any a resume left behind
                 if other != path:
                     other.unlink(missing_ok=True)
         self.score, self.step, self.path = score, step, path
@@ -108,11 +110,17 @@ def _read(path: Path) -> dict[str, Any]:
     return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
 
 
+def _files(folder: Path) -> dict[int, Path]:
+    """The ``best_weights-step{N}.pt`` files in ``folder``, by N."""
+    found = {}
+    for path in folder.glob(f"{PREFIX}*.pt"):
+        step = path.stem.removeprefix(PREFIX)
+        if step.isdigit():
+            found[int(step)] = path
+    return found
+
+
 def _newest(folder: Path, before: int | None) -> Path | None:
     """The ``best_weights-step{N}.pt`` in ``folder`` with the largest N at most ``before`` (None: any), or None."""
-    steps = {}
-    for path in folder.glob("best_weights-step*.pt"):
-        step = path.stem.removeprefix("best_weights-step")
-        if step.isdigit() and (before is None or int(step) <= before):
-            steps[int(step)] = path
-    return steps[max(steps)] if steps else None
+    files = {step: path for step, path in _files(folder).items() if before is None or step <= before}
+    return files[max(files)] if files else None
