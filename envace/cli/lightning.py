@@ -43,6 +43,7 @@ from envace.runtime.progress import ProgressLines  # noqa: E402
 
 EXPORT_HELP = "Write a checkpoint's policy as a Hugging Face model (and a LoRA policy's adapter)."
 """``envace export`` is run by ``envace.cli.command``; the CLI lists it among the subcommands."""
+RECORD_HELP = "Record reference tool responses from each task's real environment (an MCP server or a class)."
 PREPARE_HELP = "Turn a GGUF checkpoint (e.g. the packaged SmolLM2-135M-Instruct) into a Hugging Face directory, once."
 
 
@@ -57,7 +58,7 @@ class EnvaceCLI(LightningCLI):
         return commands
 
     def _add_subcommands(self, parser: LightningArgumentParser, **kwargs: Any) -> None:
-        """Lightning's subcommands, and ``export`` and ``prepare-model`` listed beside them (each has ``--help``)."""
+        """Lightning's subcommands, and ``export``, ``prepare-model`` and ``record`` beside them (with ``--help``)."""
         super()._add_subcommands(parser, **kwargs)
         export = LightningArgumentParser(description=EXPORT_HELP)
         export.add_argument("--config", help="the config the policy was trained with")
@@ -67,6 +68,11 @@ class EnvaceCLI(LightningCLI):
         prepare = LightningArgumentParser(description=PREPARE_HELP)
         prepare.add_argument("name", nargs="?", help="a packaged model (envace prepare-model --list)")
         parser._subcommands_action.add_subcommand("prepare-model", prepare, help=PREPARE_HELP)
+        record = LightningArgumentParser(description=RECORD_HELP)  # run by envace.cli.record (same arguments)
+        record.add_argument("--tasks", help="the task file (JSONL): references hold the calls to run")
+        record.add_argument("--out", help="the recorded task file to write (not with --check)")
+        record.add_argument("--check", action="store_true", help="replay the file's calls and compare the responses")
+        parser._subcommands_action.add_subcommand("record", record, help=RECORD_HELP)
 
     def _parse_ckpt_path(self) -> None:
         """A ``--ckpt_path`` file's hyperparameters join the config, as in Lightning, with moved class paths renamed.

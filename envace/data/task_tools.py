@@ -31,7 +31,8 @@ def _parse_tools(value: Any, environment: EnvSpec | None) -> tuple[dict[str, Any
     toolbox = environment is not None and is_toolbox(import_class(environment.class_path))
     if value is None:
         if environment is None or toolbox:
-            need = "no 'environment' is given" if environment is None else "the environment is a toolbox"
+            need = ("no 'environment' is given" if environment is None else
+                    "the environment is a toolbox (for an MCP server, `envace record` writes them)")
             raise _FieldError("tools", f"is required when {need}")
         try:
             return tuple(tool_schemas_from_class(import_class(environment.class_path)))

@@ -20,6 +20,7 @@ from envace.training.best import CHECKPOINT_KEY, BestWeights
 from envace.training.datamodule import RolloutDataModule
 from envace.training.export import save_policy
 from envace.training.memory import GIB, FreedMemory, Workload, available_memory, check_fits, estimate
+from envace.training.step_metrics import log_server_counts
 from envace.training.update import MicroBatch, prefix_carry
 from envace.types import Task
 from envace.world_model.alignment import warn_long_responses
@@ -226,6 +227,7 @@ class PolicyModule(L.LightningModule):
         file of the best before is removed, so a run keeps one.
         """
         self._keep_best()
+        log_server_counts(self)  # validation's real calls ran on them
         self.return_freed_memory()
 
     def _keep_best(self) -> None:

@@ -43,10 +43,16 @@ from envace.training.advantages import group_advantages, role_group_ids
 from envace.training.engine_sync import EngineSync
 from envace.training.fit_checks import check_fidelity_gate, rl_workload
 from envace.training.optimise import GRPOUpdate
-from envace.training.step_metrics import LiveFidelityLog, RealCallTotals, log_reward_metrics, step_metrics
+from envace.training.step_metrics import (
+    LiveFidelityLog,
+    RealCallTotals,
+    log_reward_metrics,
+    log_server_counts,
+    step_metrics,
+)
 from envace.training.update import GRPOConfig
 from envace.types import Episode, Role, Sample, Task
-from envace.world_model.alignment import AlignmentRows, DemonstrationRows
+from envace.world_model.alignment import AlignmentRows, DemonstrationRows, RowCap
 from envace.world_model.audit import WorldAudit
 from envace.world_model.guard import CollusionGuard
 from envace.world_model.quality import WorldQuality
@@ -212,8 +218,9 @@ class EnvACEModule(GRPOUpdate):
             world.bind(self.tokenizer, self.model)
         self.runner = EpisodeRunner(self.tokenizer, self.rollout)
         self.prompter.bind(self.tokenizer, self.model)
-        self.alignment = AlignmentRows(self.tokenizer, self.prompter, self.grpo.align_max_per_task)
-        self.demonstrations = DemonstrationRows(self.tokenizer, teacher_forced=True)
+        cap = RowCap(self.rollout.max_context_tokens)  # the context the rollout ends an episode at
+        self.alignment = AlignmentRows(self.tokenizer, self.prompter, self.grpo.align_max_per_task, cap)
+        self.demonstrations = DemonstrationRows(self.tokenizer, teacher_forced=True, cap=cap)
         act, rehearse = self.role_adapters or (None, None)
         self.act_engine = policy_engine(self, self.model, self.tokenizer, self.rollout, act)
         self.rehearse_engine = policy_engine(self, self.model, self.tokenizer, self.rollout, rehearse)
@@ -260,6 +267,7 @@ class EnvACEModule(GRPOUpdate):
         if synced is not None:
             batch.metrics["engine_sync_s"] = synced
         log_reward_metrics(self, self.rewards)
+        log_server_counts(self)
         batch.metrics.update({f"world_{k}": v for k, v in getattr(self.world, "metrics", dict)().items()})
         batch.metrics["rollout_tokens_per_s"] = generated / elapsed if elapsed > 0 else 0.0
         return batch

@@ -35,7 +35,7 @@ from envace.training.base import PolicyModule
 from envace.training.memory import Workload
 from envace.training.update import DEFAULT_MICRO_BATCH_TOKENS, Groups, MicroBatch, computed_tokens, micro_batches
 from envace.types import Role, Task
-from envace.world_model.alignment import AlignmentRows, DemonstrationRows
+from envace.world_model.alignment import AlignmentRows, DemonstrationRows, RowCap
 from envace.worlds.base import World
 from envace.worlds.rehearse import RehearseWorld
 
@@ -153,8 +153,9 @@ class SFTModule(PolicyModule):
         check_chat_template(self.tokenizer)
         self.model.train()
         self.prompter.bind(self.tokenizer, self.model)
-        self.alignment = AlignmentRows(self.tokenizer, self.prompter, self.rehearse_max_per_task)
-        self.demonstrations = DemonstrationRows(self.tokenizer)
+        cap = RowCap(self.rollout.max_context_tokens)  # the context the rollout ends an episode at
+        self.alignment = AlignmentRows(self.tokenizer, self.prompter, self.rehearse_max_per_task, cap)
+        self.demonstrations = DemonstrationRows(self.tokenizer, cap=cap)
 
     def on_fit_start(self) -> None:
         """The base checks, then the memory check on the first step's rows (``memory_limit_gb``)."""

@@ -4,11 +4,13 @@
 batch carries, the update's timing and throughput); ``RealCallTotals`` keeps the run's real tool calls, summed over
 ranks and kept across resumes. Values whose keys differ between ranks or steps go to the loggers directly
 (``log_to_loggers``, at the step Lightning logs the batch's metrics at): the rewards' counters
-(``log_reward_metrics``) and the live fidelity (``LiveFidelityLog``).
+(``log_reward_metrics``), the MCP servers' counts (``log_server_counts``) and the live fidelity
+(``LiveFidelityLog``).
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -108,6 +110,18 @@ def log_reward_metrics(module: L.LightningModule, rewards: list[Reward]) -> None
     if not values or module._trainer is None:
         return
     log_to_loggers(module, values)
+
+
+def log_server_counts(module: L.LightningModule) -> None:
+    """The MCP servers' starts, calls and faults in this process so far, where a task's environment is one.
+
+    ``mcp/starts``, ``mcp/crashes``, ... (``envace.envs.mcp_pool.pool_counts``): totals, written to the loggers
+    directly, on the ranks that ran the servers.
+    """
+    pools = sys.modules.get("envace.envs.mcp_pool")  # imported only where an environment used a server
+    values = pools.pool_counts() if pools is not None else {}
+    if values and module._trainer is not None:
+        log_to_loggers(module, values)
 
 
 class LiveFidelityLog:

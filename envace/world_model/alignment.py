@@ -83,6 +83,41 @@ ROW_CACHE_TASKS = 1024
 pass over a large task file then re-renders a task instead of keeping every row of every task for the whole run."""
 
 
+class RowCap:
+    """Cuts teacher-forced rows at a token cap: the context the rollout ends an episode at.
+
+    A reference dialogue (or a recorded call's rehearse prompt and response) longer than the rollout's
+    ``max_context_tokens`` holds states the policy never reaches: the rollout ends an episode there. Training on the
+    rest would cost memory that grows with the task's length (one row is one micro-batch at least) and teach nothing
+    the rollout uses, so the rows are cut at the cap, as TRL's ``max_length`` and verl's length limits cut theirs; a row
+    with no trained token left is dropped. The first cut warns once, naming the key that raises the cap.
+
+    Args:
+        max_tokens: most tokens of a row (0: no cap).
+        key: the config key that sets it, for the warning.
+    """
+
+    def __init__(self, max_tokens: int = 0, key: str = "rollout.max_context_tokens") -> None:
+        self.max_tokens, self.key = max_tokens, key
+        self.cut = self.dropped = 0
+        self._warned = False
+
+    def __call__(self, row: Sample, what: str) -> Sample | None:
+        """``row`` cut to the cap; None if no trained token is left."""
+        if not self.max_tokens or len(row.token_ids) <= self.max_tokens:
+            return row
+        n = self.max_tokens
+        cut = replace(row, token_ids=row.token_ids[:n], role_ids=row.role_ids[:n], loss_mask=row.loss_mask[:n])
+        kept = any(cut.loss_mask)
+        self.cut, self.dropped = self.cut + kept, self.dropped + (not kept)
+        if not self._warned:
+            self._warned = True
+            warnings.warn(f"{what} of {len(row.token_ids)} tokens is longer than {self.key}={n}, where the rollout "
+                          f"ends an episode: such rows are cut to {n} tokens (dropped where no trained token is "
+                          f"left); raise {self.key} to train on them whole", stacklevel=3)
+        return cut if kept else None
+
+
 def _cached(cache: OrderedDict[str, T], key: str, make: Callable[[], T]) -> T:
     """``cache[key]``, made on a miss; the cache keeps its ``ROW_CACHE_TASKS`` most recently used entries."""
     if key in cache:
@@ -107,12 +142,15 @@ class AlignmentRows:
         tokenizer: the policy's tokenizer.
         prompter: the rehearse world whose prompt format the rows use.
         max_per_task: most rows per task per step (the first calls of the reference).
+        cap: cuts rows longer than the rollout's context (``RowCap``; default: none).
     """
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, prompter: RehearseWorld, max_per_task: int) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, prompter: RehearseWorld, max_per_task: int,
+                 cap: RowCap | None = None) -> None:
         self.tokenizer = tokenizer
         self.prompter = prompter
         self.max_per_task = max_per_task
+        self.cap = cap or RowCap()
         self._cache: OrderedDict[str, list[Sample]] = OrderedDict()
 
     def rows(self, tasks: list[Task]) -> list[Sample]:
@@ -143,16 +181,18 @@ class AlignmentRows:
                 if not live or rehearsal.real is None or rehearsal.request is None:
                     continue
                 req = rehearsal.request
-                row = self._row(episode.task, rehearsal.call, rehearsal.real, req.history)
-                out.append(replace(row, group_index=episode.group_index))
+                row = self.cap(self._row(episode.task, rehearsal.call, rehearsal.real, req.history), "a rehearse row")
+                if row is not None:
+                    out.append(replace(row, group_index=episode.group_index))
         return out
 
     def _task_rows(self, task: Task) -> list[Sample]:
         def make() -> list[Sample]:
             steps = reference_steps(task)[: self.max_per_task]
             reasoning = reference_reasoning(task) if self.prompter.think else [""] * len(steps)
-            return [self._row(task, call, content, history, why)
+            rows = [self.cap(self._row(task, call, content, history, why), "a rehearse row")
                     for (call, content, history), why in zip(steps, reasoning)]
+            return [row for row in rows if row is not None]
 
         return _cached(self._cache, task.id, make)
 
@@ -181,12 +221,15 @@ class DemonstrationRows:
     Args:
         tokenizer: the policy's tokenizer (its chat template renders the rows).
         teacher_forced: mark the rows ``align`` (teacher-forced cross-entropy rows inside an RL batch).
+        cap: cuts rows longer than the rollout's context (``RowCap``; default: none).
     """
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, teacher_forced: bool = False) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, teacher_forced: bool = False,
+                 cap: RowCap | None = None) -> None:
         self.tokenizer = tokenizer
         self.teacher_forced = teacher_forced
-        self._cache: OrderedDict[str, Sample] = OrderedDict()
+        self.cap = cap or RowCap()
+        self._cache: OrderedDict[str, Sample | None] = OrderedDict()
 
     def rows(self, tasks: list[Task]) -> list[Sample]:
         """One row per task with a reference; ``group_index`` is the task's position in ``tasks``.
@@ -198,8 +241,9 @@ class DemonstrationRows:
         for group, task in enumerate(tasks):
             if not task.reference:
                 continue
-            row = _cached(self._cache, task.id, lambda task=task: self._row(task))  # type: ignore[misc]
-            out.append(replace(row, group_index=group))
+            row = _cached(self._cache, task.id, lambda task=task: self.cap(self._row(task), "an act row"))  # type: ignore[misc]
+            if row is not None:
+                out.append(replace(row, group_index=group))
         return out
 
     def _row(self, task: Task) -> Sample:

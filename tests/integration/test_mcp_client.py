@@ -6,23 +6,24 @@ server is blocked in a tool call (it would not notice its closed input).
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 import textwrap
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("mcp")
 
+from mcp_procs import FAULTY_SERVER as SERVER  # noqa: E402
+from mcp_procs import gone as gone_with  # noqa: E402
+from mcp_procs import new_token, none_left_behind  # noqa: E402
+from mcp_procs import servers as servers_with  # noqa: E402
+
 from envace.envs.mcp_client import MCPClient, MCPServerError, MCPTimeout, ServerCommand  # noqa: E402
 
-SERVER = Path(__file__).parents[1] / "fixtures" / "mcp_faulty_server.py"
-TOKEN = ("ENVACE_TEST_MCP", uuid.uuid4().hex)
+TOKEN = new_token()
 """In the environment of every server these tests start: how ``servers`` tells them from any other process's."""
 
 
@@ -34,39 +35,17 @@ FAULTY = faulty()
 
 
 def servers() -> list[int]:
-    """Process ids of the running servers these tests started."""
-    marker = "=".join(TOKEN).encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes().split(b"\0")
-            state = (entry / "stat").read_text().rsplit(") ", 1)[1][:1]
-        except (OSError, IndexError):
-            continue
-        if marker in environ and state not in ("Z", "X"):
-            found.append(int(entry.name))
-    return found
+    return servers_with(TOKEN)
 
 
-def gone(pid: int, within_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        if pid not in servers():
-            return True
-        time.sleep(0.05)
-    return False
+def gone(pid: int) -> bool:
+    return gone_with(TOKEN, pid)
 
 
 @pytest.fixture(autouse=True)
 def no_server_left():
-    before = set(servers())
-    yield
-    left = [pid for pid in set(servers()) - before if not gone(pid)]
-    for pid in left:
-        os.kill(pid, signal.SIGKILL)
-    assert not left, f"server processes left behind: {left}"
+    with none_left_behind(TOKEN):
+        yield
 
 
 def test_tools_results_and_tool_errors() -> None:

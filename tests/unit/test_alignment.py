@@ -208,3 +208,31 @@ def test_live_pairs_give_rows_only_to_a_rehearse_role_that_does_not_think(tiny_t
     assert target == f"<execution_result>\n{TRANSFER_REAL}\n</execution_result><|im_end|>"
     # no working is known for a live pair: the result alone would teach a thinking role to stop working
     assert AlignmentRows(tiny_tokenizer, thinking, max_per_task=8).live_rows([episode], max_rows=8) == []
+
+
+def test_rows_longer_than_the_rollout_context_are_cut_and_untrained_ones_dropped(world, tiny_tokenizer) -> None:
+    from envace.types import Sample
+    from envace.world_model.alignment import DemonstrationRows, RowCap
+
+    row = Sample(list(range(10)), [0] * 6 + [4] * 4, [0] * 6 + [1] * 4, Role.REHEARSE, -1, -1)
+    cap = RowCap(8)
+    with pytest.warns(UserWarning, match=r"a rehearse row of 10 tokens is longer than rollout.max_context_tokens=8"):
+        cut = cap(row, "a rehearse row")
+    assert cut is not None and cut.token_ids == list(range(8)) and cut.loss_mask == [0] * 6 + [1, 1]
+    assert cut.role_ids == [0] * 6 + [4, 4]
+    assert RowCap(6)(row, "a rehearse row") is None  # nothing trained left: dropped
+    assert RowCap(10)(row, "x") is row and RowCap(0)(row, "x") is row  # within the cap, or no cap
+    assert (cap.cut, cap.dropped) == (1, 0)
+
+    task = bank()["bank-train-0002-transfer_target"]
+    whole = AlignmentRows(tiny_tokenizer, world, max_per_task=8).rows([task])
+    act = DemonstrationRows(tiny_tokenizer).rows([task])[0]
+    n = min(len(r) for r in whole) - 1  # every row is cut; the rehearse rows' targets are their last tokens
+    with pytest.warns(UserWarning, match="longer than rollout.max_context_tokens"):
+        capped = AlignmentRows(tiny_tokenizer, world, max_per_task=8, cap=RowCap(n)).rows([task])
+    assert [len(r) for r in capped] == [n] * len(capped) and len(capped) <= len(whole)
+    assert all(any(r.loss_mask) for r in capped)
+    first_trained = act.loss_mask.index(1)
+    with pytest.warns(UserWarning, match="an act row"):
+        (short,) = DemonstrationRows(tiny_tokenizer, cap=RowCap(first_trained + 1)).rows([task])
+    assert short.token_ids == act.token_ids[: first_trained + 1] and sum(short.loss_mask) == 1
