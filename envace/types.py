@@ -63,6 +63,25 @@ class ExpectedAnswer:
 
 
 @dataclass(frozen=True)
+class ExpectedState:
+    """Checklist item on the database an episode leaves (a task whose environment has a ``seed_sql``).
+
+    The episode's write calls run, in order, on a private copy of the task's initial database (Python's ``sqlite3``,
+    as the SQLite MCP server runs them: ``envace.envs.sqlite_state``); every table must then hold exactly these rows.
+    So any statement with the right effect passes, and a rehearsed episode is scored without a server.
+
+    Attributes:
+        tables: every table's expected rows (JSON values, in any order), by table name.
+        writes: the tools whose calls write, each with the argument that holds its SQL statement.
+        weight: weight of this item in the score.
+    """
+
+    tables: dict[str, list[list[Any]]]
+    writes: dict[str, str] = field(default_factory=lambda: {"write_query": "query", "create_table": "query"})
+    weight: float = 1.0
+
+
+@dataclass(frozen=True)
 class SuccessSpec:
     """How a task is scored without running any environment.
 
@@ -71,12 +90,14 @@ class SuccessSpec:
         ordered: the required calls must appear in this order (as a subsequence of the calls made).
         answer: optional check of the final answer.
         forbid_extra_calls: a call not matched by any required call makes the task score 0.
+        state: optional check of the database the episode's writes leave (``ExpectedState``).
     """
 
     calls: tuple[ExpectedCall, ...] = ()
     ordered: bool = False
     answer: ExpectedAnswer | None = None
     forbid_extra_calls: bool = False
+    state: ExpectedState | None = None
 
 
 @dataclass(frozen=True)

@@ -144,6 +144,13 @@ class Domain:
             state the call reads, the check it must pass, the arithmetic. It is recorded as the reference tool
             message's ``reasoning``, which a thinking rehearse role (``RehearseWorld(think=True)``) learns to write
             before the result. None records none.
+        environment_spec: a world's environment (default: ``class_path`` built with the world's fields), e.g. an
+            MCP server with the world as its initial state.
+        tool_schemas: the tool schemas where the environment is a toolbox (an MCP server's); the task files then
+            list them. None derives them from ``environment``'s methods.
+        world_from_spec: a task's world from its environment (default: the world's fields are its arguments).
+        success: a task's success specification from its plan, its reference calls, their answer and its world
+            (default: every call with all its arguments, in order, no extra call, the exact answer).
     """
 
     name: str
@@ -157,14 +164,28 @@ class Domain:
     world_context: Callable[[Any], str]
     answer: Callable[[Plan, list[str]], str]
     working: Callable[[Any, list[ToolCall], ToolCall], str] | None = None
+    environment_spec: Callable[[Any], EnvSpec] | None = None
+    tool_schemas: Callable[[], tuple[dict[str, Any], ...]] | None = None
+    world_from_spec: Callable[[EnvSpec], Any] | None = None
+    success: Callable[[Plan, list[ToolCall], str, Any], SuccessSpec] | None = None
 
     def tools(self) -> tuple[dict[str, Any], ...]:
-        """The tool schemas derived from the environment class."""
+        """The tool schemas: the toolbox's (``tool_schemas``), or derived from the environment class."""
+        if self.tool_schemas is not None:
+            return self.tool_schemas()
         return tuple(tool_schemas_from_class(self.environment))
 
+    def spec_of(self, world: Any) -> EnvSpec:
+        """The environment of a task whose hidden world is ``world``."""
+        if self.environment_spec is not None:
+            return self.environment_spec(world)
+        return EnvSpec(class_path=self.class_path, init_args=dataclasses.asdict(world))
+
     def world_of(self, task: Task) -> Any:
-        """The hidden world of one of this domain's tasks (from its environment arguments)."""
+        """The hidden world of one of this domain's tasks (from its environment)."""
         assert task.environment is not None, f"task '{task.id}' has no environment"
+        if self.world_from_spec is not None:
+            return self.world_from_spec(task.environment)
         return self.world_type(**task.environment.init_args)
 
 
@@ -233,7 +254,9 @@ def task_key(domain: Domain, task: Task) -> str:
 
 
 def render_tasks(domain: Domain, tasks: list[Task]) -> str:
-    """JSONL text of tasks, one record per line, without ``tools`` (the loader derives them from the environment).
+    """JSONL text of tasks, one record per line.
+
+    Without ``tools`` where the loader derives them from the environment class; a toolbox domain's records keep them.
 
     Raises:
         ValueError: a task's tools are not the domain's (they could not be derived back).
@@ -245,7 +268,8 @@ def render_tasks(domain: Domain, tasks: list[Task]) -> str:
             raise ValueError(f"task '{task.id}': its tools are not the {domain.name} domain's; render_tasks would "
                              "lose them")
         record = task_to_record(task)
-        del record["tools"]
+        if domain.tool_schemas is None:
+            del record["tools"]
         lines.append(json.dumps(record, ensure_ascii=False))
     return "\n".join(lines) + "\n"
 
@@ -357,20 +381,21 @@ def _bucket(key: str) -> int:
 def _make_task(
     domain: Domain, task_id: str, template: str, world: Any, plan: Plan, tools: tuple[dict[str, Any], ...]
 ) -> Task:
-    environment = EnvSpec(class_path=domain.class_path, init_args=dataclasses.asdict(world))
+    environment = domain.spec_of(world)
     explain = None if domain.working is None else functools.partial(domain.working, world)
     reference, calls, answer = run_reference(environment, plan, domain.answer, explain)
     _check_outcome(task_id, plan, answer)
+    success = domain.success(plan, calls, answer, world) if domain.success is not None else SuccessSpec(
+        calls=tuple(ExpectedCall(name=call.name, arguments=call.arguments) for call in calls),
+        ordered=True,
+        answer=ExpectedAnswer(equals=answer),
+        forbid_extra_calls=True,
+    )
     return Task(
         id=task_id,
         messages=({"role": "system", "content": domain.system_prompt}, {"role": "user", "content": plan.question}),
         tools=tools,
-        success=SuccessSpec(
-            calls=tuple(ExpectedCall(name=call.name, arguments=call.arguments) for call in calls),
-            ordered=True,
-            answer=ExpectedAnswer(equals=answer),
-            forbid_extra_calls=True,
-        ),
+        success=success,
         reference=reference,
         world_context=domain.world_context(world),
         environment=environment,

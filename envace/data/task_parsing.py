@@ -19,6 +19,7 @@ from envace.data.task_schema import (
     ANSWER_KEYS,
     CALL_KEYS,
     ROLES,
+    STATE_KEYS,
     SUCCESS_KEYS,
     TOP_KEYS,
     TaskFormatError,
@@ -30,8 +31,9 @@ from envace.data.task_schema import (
     _require_object,
 )
 from envace.data.task_tools import _parse_environment, _parse_tools
+from envace.envs.sqlite_state import SeedError, seed_database
 from envace.roles.parsing import json_type_name, loads_json, validate_call
-from envace.types import ExpectedAnswer, ExpectedCall, SuccessSpec, Task, ToolCall
+from envace.types import EnvSpec, ExpectedAnswer, ExpectedCall, ExpectedState, SuccessSpec, Task, ToolCall
 
 
 def parse_task(record: dict[str, Any], *, where: str = "<task>") -> Task:
@@ -64,7 +66,7 @@ def _parse_task(record: Any) -> Task:
         id=task_id,
         messages=_parse_messages(record["messages"], "messages", allow_empty=False),
         tools=tools,
-        success=_parse_success(record.get("success", {}), tools, allow_empty=bool(checklists)),
+        success=_parse_success(record.get("success", {}), tools, allow_empty=bool(checklists), environment=environment),
         world_context=_optional_str(record.get("world_context"), "world_context"),
         environment=environment,
         user_turns=user_turns,
@@ -217,7 +219,8 @@ def _check_call(call: dict[str, Any], task: Task, field: str) -> None:
 # --- success ---------------------------------------------------------------------------------------------------------
 
 
-def _parse_success(value: Any, tools: tuple[dict[str, Any], ...], *, allow_empty: bool = False) -> SuccessSpec:
+def _parse_success(value: Any, tools: tuple[dict[str, Any], ...], *, allow_empty: bool = False,
+                   environment: EnvSpec | None = None) -> SuccessSpec:
     """The success specification; ``allow_empty`` (a task with checklists): it may have no items at all."""
     _require_object(value, "success", SUCCESS_KEYS)
     calls_value = value.get("calls", [])
@@ -225,21 +228,50 @@ def _parse_success(value: Any, tools: tuple[dict[str, Any], ...], *, allow_empty
         raise _FieldError("success.calls", "must be a list")
     calls = tuple(_parse_expected_call(c, f"success.calls[{i}]", tools) for i, c in enumerate(calls_value))
     answer = _parse_answer(value["answer"], "success.answer") if value.get("answer") is not None else None
-    if not calls and answer is None:
+    state = _parse_state(value["state"], tools, environment) if value.get("state") is not None else None
+    if not calls and answer is None and state is None:
         if allow_empty:
             return SuccessSpec(
                 ordered=_parse_bool(value.get("ordered", False), "success.ordered"),
                 forbid_extra_calls=_parse_bool(value.get("forbid_extra_calls", False), "success.forbid_extra_calls"),
             )
-        raise _FieldError("success", "needs at least one of 'calls' (non-empty) or 'answer'")
-    if sum(c.weight for c in calls) + (answer.weight if answer else 0.0) <= 0:
+        raise _FieldError("success", "needs at least one of 'calls' (non-empty), 'answer' or 'state'")
+    if sum(c.weight for c in calls) + (answer.weight if answer else 0.0) + (state.weight if state else 0.0) <= 0:
         raise _FieldError("success", "the weights sum to 0")
     return SuccessSpec(
         calls=calls,
         ordered=_parse_bool(value.get("ordered", False), "success.ordered"),
         answer=answer,
         forbid_extra_calls=_parse_bool(value.get("forbid_extra_calls", False), "success.forbid_extra_calls"),
+        state=state,
     )
+
+
+def _parse_state(value: Any, tools: tuple[dict[str, Any], ...], environment: EnvSpec | None) -> ExpectedState:
+    """``success.state``: the tables expected, the write tools and their SQL argument, on a seeded database."""
+    _require_object(value, "success.state", STATE_KEYS, required=("tables",))
+    seed = environment.init_args.get("seed_sql") if environment is not None else None
+    if not isinstance(seed, str):
+        raise _FieldError("success.state", "needs the task's initial database: an 'environment' whose init_args "
+                          "have a 'seed_sql' script")
+    tables = value["tables"]
+    if not isinstance(tables, dict) or not all(
+            isinstance(rows, list) and all(isinstance(row, list) for row in rows) for rows in tables.values()):
+        raise _FieldError("success.state.tables", "must map each table name to a list of rows (lists of values)")
+    writes = value.get("writes", ExpectedState(tables={}).writes)
+    schemas = {spec["function"]["name"]: spec["function"]["parameters"] for spec in tools}
+    if not isinstance(writes, dict) or not writes:
+        raise _FieldError("success.state.writes", "must map each writing tool to the argument holding its SQL")
+    for name, argument in writes.items():
+        properties = schemas.get(name, {}).get("properties", {})
+        if name in schemas and (not isinstance(argument, str) or argument not in properties):
+            raise _FieldError(f"success.state.writes.{name}", f"'{name}' has no parameter {json.dumps(argument)}")
+    try:
+        seed_database(seed)
+    except SeedError as exc:
+        raise _FieldError("environment.init_args.seed_sql", str(exc)) from exc
+    weight = _parse_weight(value.get("weight", 1.0), "success.state.weight")
+    return ExpectedState(tables=tables, writes=dict(writes), weight=weight)
 
 
 def _parse_expected_call(value: Any, field: str, tools: tuple[dict[str, Any], ...]) -> ExpectedCall:

@@ -34,6 +34,9 @@ def task_to_record(task: Task) -> dict[str, Any]:
     if task.success.answer is not None:
         answer = task.success.answer
         success["answer"] = {"equals": answer.equals, "contains": list(answer.contains), "weight": answer.weight}
+    if task.success.state is not None:
+        state = task.success.state
+        success["state"] = {"tables": state.tables, "writes": state.writes, "weight": state.weight}
     record: dict[str, Any] = {"id": task.id, "messages": list(task.messages), "tools": list(task.tools)}
     record["success"] = success
     if task.reference:

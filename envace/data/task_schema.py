@@ -23,7 +23,8 @@ TOP_KEYS = (
 STANDARD_KEYS = (
     "question", "focus_on", "pass_condition", "failure_examples", "evidence", "weight", "required_for_next_turn",
 )
-SUCCESS_KEYS = ("calls", "ordered", "answer", "forbid_extra_calls")
+SUCCESS_KEYS = ("calls", "ordered", "answer", "forbid_extra_calls", "state")
+STATE_KEYS = ("tables", "writes", "weight")
 CALL_KEYS = ("name", "arguments", "weight")
 ANSWER_KEYS = ("equals", "contains", "weight")
 ENV_KEYS = ("class_path", "init_args")

@@ -21,17 +21,15 @@ episode with the cause; the pool drops it and starts another for the next call, 
 
 from __future__ import annotations
 
-import functools
 import json
 import shutil
-import sqlite3
-import tempfile
 import weakref
 from pathlib import Path
 from typing import Any, Literal
 
 from envace.envs.mcp_client import ServerCommand
 from envace.envs.mcp_pool import STATE_MARK, ServerPool, StateMode, shared_pool
+from envace.envs.sqlite_state import SeedError, seed_database
 from envace.errors import UserError
 
 
@@ -171,25 +169,11 @@ def _mode(server: ServerCommand, state: str | None, seed_sql: str | None,
     return {"file": "file", "memory": "restart", "none": "none"}[keeps]  # type: ignore[return-value]
 
 
-@functools.lru_cache(maxsize=64)
 def _database(seed_sql: str) -> bytes:
-    """The SQLite database file that ``seed_sql`` makes, built once per script.
-
-    Built in memory and copied out: run on a file, every statement would commit and wait for the disk.
-    """
-    memory = sqlite3.connect(":memory:")
     try:
-        memory.executescript(seed_sql)
-        with tempfile.TemporaryDirectory(prefix="envace-seed-") as tmp:
-            path = Path(tmp) / "seed.db"
-            disk = sqlite3.connect(path)
-            memory.backup(disk)
-            disk.close()
-            return path.read_bytes()
-    except sqlite3.Error as exc:
-        raise MCPConfigError(f"MCP environment: seed_sql does not run: {exc}") from exc
-    finally:
-        memory.close()
+        return seed_database(seed_sql)
+    except SeedError as exc:
+        raise MCPConfigError(f"MCP environment: {exc}") from exc
 
 
 def _seed(state: str | None, seed_sql: str | None) -> Any:

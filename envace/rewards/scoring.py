@@ -56,7 +56,7 @@ def _score(episode: Episode, rewards: list[Reward], shaping: PredictionErrorShap
         extras.append(extra)
     episode.reward = total
     spec = episode.task.success
-    if spec.calls or spec.answer is not None:
+    if spec.calls or spec.answer is not None or spec.state is not None:
         episode.success = task_score(episode.task, episode.calls, episode.final_answer) >= 1.0 - 1e-9
     # else: a checklist task without a success spec (its reward is the checklist judge's): success stays False
     for row in episode.act_rows():

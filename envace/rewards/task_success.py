@@ -3,11 +3,13 @@
 This module owns the matching rules: a required call is satisfied by a made call with the same name whose arguments
 include every key argument with an equal value (compared as canonical JSON with integral floats made ints, so ``1``
 equals ``1.0`` but ``"1"`` does not); answers are compared after normalisation (strip, lower-case, collapse
-whitespace).
+whitespace); a database state (``ExpectedState``) by running the episode's writes on a private copy of the task's
+initial database (``state_matches``).
 """
 
 from __future__ import annotations
 
+from envace.envs.sqlite_state import final_tables
 from envace.roles.compare import canonical_value
 from envace.types import Episode, ExpectedAnswer, ExpectedCall, SuccessSpec, Task, ToolCall
 
@@ -106,6 +108,7 @@ def task_score(task: Task, calls: list[ToolCall], final_answer: str | None, *, a
     """
     spec = task.success
     total = sum(item.weight for item in spec.calls) + (spec.answer.weight if spec.answer else 0.0)
+    total += spec.state.weight if spec.state else 0.0
     if total <= 0:
         raise ValueError(f"task '{task.id}': success weights sum to {total}")
     matcher = _match_ordered if spec.ordered else _match_unordered
@@ -114,7 +117,23 @@ def task_score(task: Task, calls: list[ToolCall], final_answer: str | None, *, a
         return 0.0
     if spec.answer is not None and answer_matches(spec.answer, final_answer, normalize=answer_normalize):
         satisfied += spec.answer.weight
+    if spec.state is not None and state_matches(task, calls):
+        satisfied += spec.state.weight
     return satisfied / total
+
+
+def state_matches(task: Task, calls: list[ToolCall]) -> bool:
+    """The database ``calls`` leave equals the task's expected one (``ExpectedState``; the loader checks the seed).
+
+    The write calls' statements run in order on a fresh copy of the task's initial database
+    (``envace.envs.sqlite_state.final_tables``); rows are compared as canonical JSON, in any order.
+    """
+    state = task.success.state
+    assert state is not None and task.environment is not None
+    statements = [call.arguments.get(state.writes[call.name]) for call in calls if call.name in state.writes]
+    final = final_tables(task.environment.init_args["seed_sql"], [s for s in statements if isinstance(s, str)])
+    expected = {name: sorted(canonical_value(row) for row in rows) for name, rows in state.tables.items()}
+    return {name: sorted(canonical_value(row) for row in rows) for name, rows in final.items()} == expected
 
 
 class TaskSuccess:
