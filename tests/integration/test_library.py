@@ -79,8 +79,9 @@ def test_every_reference_succeeds_and_wrong_effects_fail(splits) -> None:
     rewritten = [ToolCall(c.name, {"query": c.arguments["query"].replace("copies - 1", "copies-1").lower()})
                  if c.name == "write_query" else c for c in calls]
     assert task_score(lend, rewritten, answer) == 1.0  # other SQL text, same effect
-    assert task_score(lend, calls[:-1], answer) == 0.5  # the loan never recorded
-    question = next(t for t in splits["test"] if template_of(LIBRARY, t) == "copies" and t.success.state.tables["loans"])
+    assert task_score(lend, calls[:-1], answer) == 0.5  # no loan recorded
+    question = next(t for t in splits["test"]
+                    if template_of(LIBRARY, t) == "copies" and t.success.state.tables["loans"])
     stray = [*(c for c, _ in reference_calls(question)), ToolCall("write_query", {"query": "DELETE FROM loans"})]
     assert task_score(question, stray, question.success.answer.equals) == 0.5  # a question answered with a write
 
