@@ -48,7 +48,7 @@ OUTPUT_FENCES = {"text", "output"}
 _ASSIGN = r"(?:[A-Za-z_][A-Za-z0-9_]*=\S*\s+)*"
 PROGRAM = re.compile(rf"^{_ASSIGN}(?:(?:envace|python3?|pip|bash|\.venv/bin/\S+|scripts/\S+\.sh)(?:\s|$)"
                      r"|benchmarks/\S+\.py\s)")
-MENTION = re.compile(r"^(?:\.venv/bin/)?envace(?: (?:fit|validate|test|export|prepare-model))?$")
+MENTION = re.compile(r"^(?:\.venv/bin/)?envace(?: (?:fit|validate|test|export|prepare-model|record))?$")
 FENCE = re.compile(r"^\s*(`{3,}|~{3,})\s*([\w+-]*)")
 SPAN = re.compile(r"(?<!`)`([^`]+)`(?!`)")
 
@@ -259,6 +259,40 @@ def desk_tasks_reproduce_the_packaged_files(ws: Path, output: str) -> None:
 
     for split in desk_tasks.SPLITS.values():
         assert (ws / "builtin" / split.file).read_bytes() == (PACKAGE_DIR / split.file).read_bytes(), split.file
+
+
+def library_tasks_reproduce_the_packaged_files(ws: Path, output: str) -> None:
+    """The library's split files, regenerated on the real server, equal the packaged ones byte for byte."""
+    from envace.builtin import library_tasks
+    from envace.builtin.generator import PACKAGE_DIR
+
+    for split in library_tasks.SPLITS.values():
+        assert (ws / "builtin" / split.file).read_bytes() == (PACKAGE_DIR / split.file).read_bytes(), split.file
+
+
+def mcp_workspace(ws: Path, words: list[str]) -> None:
+    """The MCP servers' environments where the task files' relative command paths point, and the README's task as
+    ``books.jsonl`` and ``my_tasks.jsonl`` (docs/mcp.md's name); a folder for the library's files."""
+    from mcp_procs import installed_server
+
+    installed_server("sqlite", "mcp-server-sqlite")
+    if not (ws / ".venv-mcp").exists():
+        (ws / ".venv-mcp").symlink_to(ROOT / ".venv-mcp", target_is_directory=True)
+    readme = (ROOT / "README.md").read_text(encoding="utf-8").split("## Train against your own MCP server", 1)[1]
+    (task,) = re.findall(r"^```json\n(.*?)^```$", readme.split("\n## ", 1)[0], flags=re.MULTILINE | re.DOTALL)
+    for name in ("books.jsonl", "my_tasks.jsonl"):
+        (ws / name).write_text(task, encoding="utf-8")
+    (ws / "builtin").mkdir(exist_ok=True)
+
+
+def recorded(name: str) -> Callable[[Path, str], None]:
+    """A check: ``name`` holds the README task with the server's response recorded."""
+    def check(ws: Path, output: str) -> None:
+        from envace.data.tasks import load_tasks
+
+        (task,) = load_tasks(ws / name)
+        assert [m["content"] for m in task.reference if m["role"] == "tool"] == ["[{'affected_rows': 1}]"]
+    return check
 
 
 def nonempty_jsonl(name: str) -> Callable[[Path, str], None]:
@@ -698,6 +732,28 @@ REGISTRY: dict[str, Entry] = {
         check=desk_tasks_reproduce_the_packaged_files,
         why="as shown it rewrites the package's own files; the test writes them to a folder and compares"),
     "python -m envace.benchmarks.bfcl --export OUT.jsonl": run("bench", check=nonempty_jsonl("OUT.jsonl")),
+    # MCP servers (README, docs/mcp.md, docs/builtin-domain.md, docs/task-format.md), in their documented order.
+    "bash scripts/setup_mcp_servers.sh": parse_only(
+        "checks", bash_syntax(), "installs the servers' environments (the package index); scripts/test.sh runs it "
+        "before the suite, so the entries below find the servers; checked: bash -n"),
+    "scripts/lock_mcp_servers.sh": parse_only(
+        "checks", bash_syntax(), "re-resolves the servers' locks against the package index; checked: bash -n"),
+    ".venv/bin/envace record --tasks books.jsonl --out books.recorded.jsonl": run(
+        "mcp", setup=mcp_workspace, check=recorded("books.recorded.jsonl"),
+        why="the README's task, recorded from the real SQLite server"),
+    ".venv/bin/envace fit --config lit_configs/tiny.yaml --data.batch_size=1 --data.train_tasks=books.recorded.jsonl "
+    "--data.val_tasks=books.recorded.jsonl": run("mcp", *TINY_FIT, why="2 steps of the recorded task"),
+    ".venv/bin/envace record --tasks my_tasks.jsonl --out my_tasks.recorded.jsonl": run(
+        "mcp", check=recorded("my_tasks.recorded.jsonl")),
+    ".venv/bin/envace record --tasks my_tasks.recorded.jsonl --check": run(
+        "mcp", check=expect_output("replayed identically")),
+    "envace record --tasks IN --out OUT": run(
+        "mcp", subs=(("IN", "my_tasks.jsonl"), ("OUT", "out.jsonl")), check=recorded("out.jsonl"),
+        why="IN: the README's task; OUT: out.jsonl"),
+    "python -m envace.builtin.library_tasks": run(
+        "mcp", "--out-dir", "builtin", check=library_tasks_reproduce_the_packaged_files,
+        why="as shown it rewrites the package's own files from the real server; the test writes them to a folder "
+            "and compares"),
     "python -m envace.benchmarks.tau2_train --export OUT.jsonl --mode user|solo": run(
         "bench", subs=(("user|solo", "user"),), variants=((), ("--mode", "solo")), patch=first_tau2_tasks,
         check=nonempty_jsonl("OUT.jsonl"), why="both modes, on the first train task of each domain"),
@@ -821,7 +877,7 @@ REGISTRY: dict[str, Entry] = {
 }
 """Every documented command (text as shown, whitespace collapsed) -> how it is exercised."""
 
-GROUPS = ("checks", "stages", "tiny", "bench", "throughput", "demo", "scaling")
+GROUPS = ("checks", "stages", "tiny", "bench", "throughput", "demo", "scaling", "mcp")
 SLOW_GROUPS = {"demo", "scaling"}
 
 
