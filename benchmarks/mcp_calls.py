@@ -108,11 +108,11 @@ def run(spec: EnvSpec, episodes: int, n_calls: int) -> tuple[list[float], list[f
     return per_call, per_episode
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--episodes", type=int, default=50)
-    parser.add_argument("--calls", type=int, default=4)
-    opts = parser.parse_args()
+    parser.add_argument("--episodes", type=int, default=50, help="timed episodes of each way (restart: a fifth)")
+    parser.add_argument("--calls", type=int, default=4, help="calls an episode")
+    opts = parser.parse_args(argv)
     if not SERVER.is_file():
         raise SystemExit(f"{SERVER} is not installed: bash scripts/setup_mcp_servers.sh")
     start = time.perf_counter()

@@ -750,6 +750,10 @@ REGISTRY: dict[str, Entry] = {
     "envace record --tasks IN --out OUT": run(
         "mcp", subs=(("IN", "my_tasks.jsonl"), ("OUT", "out.jsonl")), check=recorded("out.jsonl"),
         why="IN: the README's task; OUT: out.jsonl"),
+    ".venv/bin/python benchmarks/mcp_calls.py --episodes 50 --calls 4": run(
+        "mcp", "--episodes", "2", setup=mcp_workspace,
+        check=expect_summary("python_call_ms", "mcp_call_ms", "mcp_episode_ms", "mcp_restart_episode_ms"),
+        why="2 timed episodes a way (the restarting one: 5)"),
     "python -m envace.builtin.library_tasks": run(
         "mcp", "--out-dir", "builtin", check=library_tasks_reproduce_the_packaged_files,
         why="as shown it rewrites the package's own files from the real server; the test writes them to a folder "
