@@ -65,6 +65,8 @@ def main(argv: list[str]) -> dict[str, Any]:
             continue
         where = f"{path}:{lineno}"
         record = decode_json(line, where)
+        if not isinstance(record, dict):
+            raise RecordError(f"{where}: a task must be a JSON object")
         recorded, calls, errors = record_task(record, where, opts.tool_timeout_s)
         if opts.check:
             compare(record, recorded, where)
@@ -131,8 +133,12 @@ def _run_reference(env: RealEnvironment, reference: list[Any], where: str
             function = call.get("function") if isinstance(call, dict) else None
             name = function.get("name") if isinstance(function, dict) else None
             arguments = function.get("arguments", {}) if isinstance(function, dict) else None
-            if isinstance(arguments, str):
-                arguments = json.loads(arguments)
+            if isinstance(arguments, str):  # OpenAI's wire form: the arguments as JSON text
+                try:
+                    arguments = json.loads(arguments)
+                except json.JSONDecodeError as exc:
+                    raise RecordError(f"{where}: field 'reference[{i}].tool_calls[{j}].function.arguments': not "
+                                      f"JSON: {exc}") from exc
             if not isinstance(name, str) or not isinstance(arguments, dict):
                 raise RecordError(f"{where}: field 'reference[{i}].tool_calls[{j}].function': needs a 'name' and "
                                   "an 'arguments' object")

@@ -121,3 +121,21 @@ def test_the_time_server_runs_episodes_with_no_code_written_for_it(tmp_path: Pat
     (episode,) = EpisodeRunner(tiny_tokenizer, RolloutConfig()).run([loaded], [0], act, RealWorld())
     assert json.loads(episode.messages[2]["content"])["target"]["datetime"].endswith("T21:00:00+09:00")
     assert episode.final_answer == "21:00" and episode.stats.real_calls == 1
+
+
+def test_record_names_what_it_cannot_record(tmp_path: Path) -> None:
+    cases = [("[]", "a task must be a JSON object"),
+             (json.dumps({"id": "x", "messages": []}), "field 'environment': a task to record needs its real"),
+             (json.dumps({**lend_task("x", "Dune"), "reference": [call("nope")]}),
+              r"field 'reference\[0\].tool_calls\[0\].function.name': the environment has no tool 'nope'"),
+             (json.dumps({**lend_task("x", "Dune"), "reference": [{"role": "assistant", "tool_calls": [
+                 {"function": {"name": "read_query", "arguments": "{bad"}}]}]}),
+              r"field 'reference\[0\].tool_calls\[0\].function.arguments': not JSON")]
+    for i, (line, message) in enumerate(cases):
+        path = tmp_path / f"bad{i}.jsonl"
+        path.write_text("\n" + line + "\n")
+        with pytest.raises(RecordError, match=rf"bad{i}.jsonl:2: {message}"):
+            envace(["record", "--tasks", str(path), "--out", str(tmp_path / "out.jsonl")])
+    assert not (tmp_path / "out.jsonl").exists()  # nothing written by a failed run
+    with pytest.raises(RecordError, match="give --out to record, or --check"):
+        envace(["record", "--tasks", str(path)])
