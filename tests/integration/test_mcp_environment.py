@@ -152,3 +152,22 @@ def test_a_task_environment_runs_in_the_real_world_and_a_crash_fails_only_its_ep
 def test_a_seed_script_that_does_not_run_is_refused_at_once() -> None:
     with pytest.raises(MCPConfigError, match="seed_sql does not run: .*no such table: missing"):
         env("--state", "{state}", seed_sql="INSERT INTO missing VALUES (1)")
+
+
+def test_a_real_world_runs_episodes_calls_at_once_and_each_episodes_in_order() -> None:
+    spec = EnvSpec("envace.envs.mcp.MCPEnvironment", {"command": sys.executable, "args": [str(FAULTY_SERVER)],
+                                                      "env": dict([TOKEN]), "keeps_state": "memory",
+                                                      "max_servers": 3})
+    envs = [RealEnvironment(spec) for _ in range(3)]
+
+    def request(handle: RealEnvironment, name: str, arguments: dict) -> ToolRequest:
+        return ToolRequest(None, ToolCall(name, arguments), [], handle, 0, 0)  # type: ignore[arg-type]
+
+    with pytest.raises(ValueError, match="concurrency must be at least 1"):
+        RealWorld(concurrency=0)
+    world = RealWorld(concurrency=3)
+    requests = [request(env, "sleep", {"seconds": 2}) for env in envs]
+    requests += [request(envs[0], "counter", {}), request(envs[0], "counter", {})]  # one episode's two calls
+    replies = world.respond(requests, None, None)  # type: ignore[arg-type]
+    assert [r.content for r in replies] == ["slept 2.0"] * 3 + ["1", "2"]  # in order, per episode too
+    assert pool_counts()["mcp/starts"] == 3  # three calls held three servers at once
