@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -24,18 +23,7 @@ def new_token() -> tuple[str, str]:
 def servers(token: tuple[str, str]) -> list[int]:
     """Process ids of the running (not zombie) processes whose environment holds ``token``."""
     marker = "=".join(token).encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes().split(b"\0")
-            state = (entry / "stat").read_text().rsplit(") ", 1)[1][:1]
-        except (OSError, IndexError):
-            continue
-        if marker in environ and state not in ("Z", "X"):
-            found.append(int(entry.name))
-    return found
+    return _processes(lambda entry: marker in (entry / "environ").read_bytes().split(b"\0"))
 
 
 def gone(token: tuple[str, str], pid: int, within_s: float = 10.0) -> bool:
@@ -49,19 +37,23 @@ def gone(token: tuple[str, str], pid: int, within_s: float = 10.0) -> bool:
 
 
 @contextmanager
-def none_left_behind(token: tuple[str, str]) -> Iterator[None]:
-    """Fail if a server marked with ``token`` that was not running before is still running after (and kill it)."""
+def none_left_behind(token: tuple[str, str], close_pools: bool = False) -> Iterator[None]:
+    """Fail if a server marked with ``token`` that was not running before is still running after (and kill it).
+
+    ``close_pools``: first stop every pool of servers the block left (``envace.envs.mcp_pool.close_pools``).
+    """
     before = set(servers(token))
-    yield
+    try:
+        yield
+    finally:
+        if close_pools:
+            from envace.envs.mcp_pool import close_pools as close
+
+            close()
     left = [pid for pid in set(servers(token)) - before if not gone(token, pid)]
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     assert not left, f"server processes left behind: {left}"
-
-
-def python() -> str:
-    """The interpreter that runs the tests (it has the ``mcp`` SDK the faulty server needs)."""
-    return sys.executable
 
 
 def installed_server(name: str, executable: str) -> str:
@@ -83,15 +75,20 @@ def installed_server(name: str, executable: str) -> str:
 
 def processes_with(text: str) -> list[int]:
     """Process ids of the running processes whose command line holds ``text`` (e.g. a server pool's directory)."""
+    return _processes(lambda entry: text in (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(
+        errors="replace"))
+
+
+def _processes(match: Callable[[Path], bool]) -> list[int]:
+    """Process ids of the running (not zombie) processes other than this one whose ``/proc`` entry ``match``es."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             state = (entry / "stat").read_text().rsplit(") ", 1)[1][:1]
+            if state not in ("Z", "X") and match(entry):
+                found.append(int(entry.name))
         except (OSError, IndexError):
             continue
-        if text in cmdline and state not in ("Z", "X"):
-            found.append(int(entry.name))
     return found

@@ -17,7 +17,7 @@ from mcp_procs import FAULTY_SERVER, new_token, none_left_behind, servers  # noq
 
 from envace.envs.mcp import MCPConfigError, MCPEnvironment, openai_tools, result_text  # noqa: E402
 from envace.envs.mcp_client import MCPServerError, MCPTimeout  # noqa: E402
-from envace.envs.mcp_pool import MCPReplayError, close_pools, pool_counts  # noqa: E402
+from envace.envs.mcp_pool import MCPReplayError, pool_counts  # noqa: E402
 from envace.envs.real import RealEnvironment  # noqa: E402
 from envace.types import EnvSpec, ToolCall  # noqa: E402
 from envace.worlds.base import ToolRequest  # noqa: E402
@@ -32,11 +32,8 @@ def env(*flags: str, **kwargs) -> MCPEnvironment:
 
 @pytest.fixture(autouse=True)
 def no_server_left():
-    with none_left_behind(TOKEN):
-        try:
-            yield
-        finally:
-            close_pools()
+    with none_left_behind(TOKEN, close_pools=True):
+        yield
 
 
 def test_episodes_see_their_own_copy_of_the_initial_state_through_one_server(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from mcp_procs import installed_server, new_token, none_left_behind  # noqa: E40
 from envace.cli.command import run as envace  # noqa: E402
 from envace.cli.record import RecordError  # noqa: E402
 from envace.data.tasks import load_tasks  # noqa: E402
-from envace.envs.mcp_pool import close_pools, pool_counts  # noqa: E402
+from envace.envs.mcp_pool import pool_counts  # noqa: E402
 from envace.rollout.config import RolloutConfig  # noqa: E402
 from envace.rollout.runner import EpisodeRunner  # noqa: E402
 from envace.worlds import RealWorld  # noqa: E402
@@ -30,11 +30,8 @@ SEED = ("CREATE TABLE books (id INTEGER PRIMARY KEY, title TEXT, copies INTEGER)
 
 @pytest.fixture(autouse=True)
 def no_server_left():
-    with none_left_behind(TOKEN):
-        try:
-            yield
-        finally:
-            close_pools()
+    with none_left_behind(TOKEN, close_pools=True):
+        yield
 
 
 def sqlite_env() -> dict:
