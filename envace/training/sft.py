@@ -4,7 +4,9 @@ Act rows are the chat-template render of each task's messages plus its reference
 assistant tokens (the template's ``{% generation %}`` mask). Rehearse rows are the alignment rows: the rehearse
 prompt of each recorded call followed by its recorded real response. Plain next-token cross-entropy.
 
-Rows are packed into micro-batches under a budget of computed tokens (``micro_batch_tokens``,
+A row longer than ``rollout.max_context_tokens``, where the rollout ends an episode, is cut there
+(``envace.world_model.alignment.RowCap``; a warning names the key), so one row is never more than the context the
+policy acts in. Rows are packed into micro-batches under a budget of computed tokens (``micro_batch_tokens``,
 ``envace.training.update``); each micro-batch's forward and backward run in turn, gradients accumulate, and the
 optimiser steps once per training step. Each head's token mean is normalised by the whole step's token count, so the
 loss and gradients do not depend on the budget (beyond float rounding), while peak memory does not grow with the batch

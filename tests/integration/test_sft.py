@@ -40,6 +40,25 @@ def test_sft_lowers_both_losses_and_exports_a_policy(tmp_path: Path) -> None:
     for name, param in model.named_parameters():
         assert torch.equal(param, trained[name].detach()), name
     assert tokenizer.chat_template
+    for builder in (cli.model.alignment, cli.model.demonstrations):  # rows are cut where the rollout ends episodes
+        assert builder.cap.max_tokens == cli.model.rollout.max_context_tokens
+
+
+def test_sft_rows_stop_at_the_rollout_context(tmp_path: Path) -> None:
+    args = ["fit", "--config", SFT, "--trainer.max_steps=1", "--trainer.limit_val_batches=0",
+            f"--trainer.default_root_dir={tmp_path}", "--trainer.logger=false", "--trainer.enable_checkpointing=false",
+            "--trainer.callbacks=[]", "--data.batch_size=4", "--model.init_args.rollout.max_context_tokens=70"]
+    lengths: list[int] = []
+    step = SFTModule.training_step
+
+    def recording(self: SFTModule, batch, batch_idx):  # noqa: ANN001, ANN202
+        lengths.append(int(batch.attention_mask.sum(-1).max()))
+        return step(self, batch, batch_idx)
+
+    with mock.patch.object(sys, "argv", ["envace"]), mock.patch.object(SFTModule, "training_step", recording), \
+            pytest.warns(UserWarning, match="longer than rollout.max_context_tokens=70"):
+        cli_main(args)
+    assert lengths == [70]  # the tiny tokenizer's bank rows are 80-88 tokens: cut
 
 
 @pytest.mark.slow
