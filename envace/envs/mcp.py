@@ -61,6 +61,8 @@ class MCPEnvironment:
         start_timeout_s: most seconds a server may take to start and answer ``initialize``.
         max_servers: most servers of this command running at once (the pool is shared by all episodes and tasks
             with the same command, state mode and limits; each episode brings its own initial state).
+        log_dir: keep each server's standard error there (``mcp-<n>.log``, made if missing); None: temporary files,
+            removed with the server (a fault's message quotes their last lines either way).
 
     Raises:
         MCPConfigError: settings that cannot work (a state the command never names, both ``state`` and
@@ -71,7 +73,8 @@ class MCPEnvironment:
                  cwd: str | None = None, state: str | None = None, seed_sql: str | None = None,
                  keeps_state: Literal["file", "memory", "none"] | None = None,
                  error_prefixes: list[str] | None = None, tools: list[str] | None = None,
-                 call_timeout_s: float = 15.0, start_timeout_s: float = 10.0, max_servers: int = 4) -> None:
+                 call_timeout_s: float = 15.0, start_timeout_s: float = 10.0, max_servers: int = 4,
+                 log_dir: str | None = None) -> None:
         server = ServerCommand(command, tuple(args or ()), tuple(sorted((env or {}).items())), cwd)
         mode = _mode(server, state, seed_sql, keeps_state)
         for name, value in (("call_timeout_s", call_timeout_s), ("start_timeout_s", start_timeout_s),
@@ -80,8 +83,8 @@ class MCPEnvironment:
                 raise MCPConfigError(f"MCP environment: {name} must be > 0, got {value}")
         if seed_sql is not None:
             _database(seed_sql)  # a script that does not run is refused here, not in an episode's first call
-        key = (server, mode, start_timeout_s, max_servers)
-        self._pool = shared_pool(key, lambda: ServerPool(server, mode, max_servers, start_timeout_s))
+        key = (server, mode, start_timeout_s, max_servers, log_dir)
+        self._pool = shared_pool(key, lambda: ServerPool(server, mode, max_servers, start_timeout_s, log_dir=log_dir))
         self.error_prefixes = tuple(error_prefixes or ())
         self.call_timeout_s = call_timeout_s
         self._tools = tuple(tools) if tools is not None else None

@@ -247,7 +247,10 @@ class ServerPool:
             _remove(slot.live.parent)
             slot.live.parent.mkdir(parents=True)
             seed(slot.live)
-        log = None if self.log_dir is None else Path(self.log_dir, f"mcp-{self.counts['starts']}.log")
+        log = None
+        if self.log_dir is not None:
+            Path(self.log_dir).mkdir(parents=True, exist_ok=True)
+            log = Path(self.log_dir, f"mcp-{self.counts['starts']}.log")
         self.counts["starts"] += 1
         try:
             slot.client = MCPClient(_resolve(self.server, slot.live), self.start_timeout_s, log_path=log)

@@ -105,8 +105,8 @@ def test_a_crash_and_a_hang_fail_the_call_and_the_next_call_gets_a_new_server() 
     assert (counts["mcp/crashes"], counts["mcp/timeouts"], counts["mcp/starts"]) == (1, 1, 3)
 
 
-def test_a_server_that_cannot_start_fails_fast_after_three_tries() -> None:
-    e = env("--fail-start")
+def test_a_server_that_cannot_start_fails_fast_after_three_tries(tmp_path: Path) -> None:
+    e = env("--fail-start", log_dir=str(tmp_path / "logs"))
     for _ in range(3):
         with pytest.raises(MCPServerError, match="refusing to start"):
             e.call_tool("echo", {"text": "x"})
@@ -115,6 +115,7 @@ def test_a_server_that_cannot_start_fails_fast_after_three_tries() -> None:
         e.call_tool("echo", {"text": "x"})
     assert time.monotonic() - start < 0.5
     assert pool_counts()["mcp/start_failures"] == 3
+    assert [p.read_text().strip() for p in sorted((tmp_path / "logs").iterdir())] == ["faulty: refusing to start"] * 3
 
 
 def test_settings_that_cannot_work_are_refused(tmp_path: Path) -> None:
