@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> None:
                              "add arguments); trained from the same warm starts and reported in its own table")
     parser.add_argument("--policy", default="tiny", choices=("tiny", "smollm2"),
                         help="the policy (envace.cli.demo's presets: their SFT and RL configs)")
-    parser.add_argument("--domains", nargs="+", default=["bank"], choices=("bank", "desk"))
+    parser.add_argument("--domains", nargs="+", default=["bank"], choices=("bank", "desk", "library"))
     parser.add_argument("--record", default=None,
                         help="the results file kept in version control (default for a real model: "
                              "docs/study/<label>.json, the label being the policy's or --base-model's name): "

@@ -33,7 +33,7 @@ logger = logging.getLogger("envace.cli.demo")  # not __name__: it is "__main__" 
 
 SPLITS = {"test": "builtin:bank-test", "heldout": "builtin:bank-heldout"}
 """The evaluation splits: in-distribution test tasks, and held-out task templates (of the bank; ``--domain`` swaps)."""
-DOMAINS = ("bank", "desk")
+DOMAINS = ("bank", "desk", "library")
 """``--domain``: the built-in domain the demo trains and tests on (the configs name the bank's task sets)."""
 _BANK_SET = re.compile(r"builtin:bank(?=$|[-:])")
 

@@ -70,7 +70,7 @@ def domain_corpus(max_tasks: int = 96, domain: str = "bank") -> list[str]:
 
     Args:
         max_tasks: how many tasks of the packaged train split to render (their order is fixed).
-        domain: the built-in domain (``bank`` or ``desk``).
+        domain: the built-in domain (``bank``, ``desk`` or ``library``).
 
     Returns:
         One text per act dialogue (chat template with tools, reference continuation included) and one per recorded
