@@ -190,12 +190,18 @@ def _lend_unavailable(rng: random.Random, world: World) -> Plan:
     return Plan(f"Lend {title} to {name}.", (_find_book(title),), "error", NO_COPIES, title)
 
 
-def _return(rng: random.Random, world: World) -> Plan:
+def _a_loan(rng: random.Random, world: World) -> tuple[int, int, str, str]:
+    """A loan of the world: its book's id and title, its member's id and name."""
     if not world.loans:
         raise Redraw
     book_id, member_id = rng.choice(world.loans)
-    title, name = next(b[1] for b in world.books if b[0] == book_id), next(
-        m[1] for m in world.members if m[0] == member_id)
+    title = next(b[1] for b in world.books if b[0] == book_id)
+    name = next(m[1] for m in world.members if m[0] == member_id)
+    return book_id, member_id, title, name
+
+
+def _return(rng: random.Random, world: World) -> Plan:
+    book_id, member_id, title, name = _a_loan(rng, world)
     return Plan(f"{name} returns {title}.", (
         _find_book(title), _find_member(name),
         write(f"DELETE FROM loans WHERE book_id = {book_id} AND member_id = {member_id}"),
@@ -218,13 +224,8 @@ def _author_copies(rng: random.Random, world: World) -> Plan:
 
 
 def _pass_on(rng: random.Random, world: World) -> Plan:
-    if not world.loans:
-        raise Redraw
-    book_id, member_id = rng.choice(world.loans)
-    others = [m for m in world.members if m[0] != member_id]
-    to_id, to_name = rng.choice(others)
-    title = next(b[1] for b in world.books if b[0] == book_id)
-    name = next(m[1] for m in world.members if m[0] == member_id)
+    book_id, member_id, title, name = _a_loan(rng, world)
+    to_id, to_name = rng.choice([m for m in world.members if m[0] != member_id])
     return Plan(f"{name} passes {title} on to {to_name}.", (
         _find_book(title), _find_member(name), _find_member(to_name),
         write(f"UPDATE loans SET member_id = {to_id} WHERE book_id = {book_id} AND member_id = {member_id}"),
