@@ -21,14 +21,14 @@ episode with the cause; the pool drops it and starts another for the next call, 
 
 from __future__ import annotations
 
+import functools
 import json
-import shutil
 import weakref
 from pathlib import Path
 from typing import Any, Literal
 
 from envace.envs.mcp_client import ServerCommand
-from envace.envs.mcp_pool import STATE_MARK, ServerPool, StateMode, shared_pool
+from envace.envs.mcp_pool import STATE_MARK, ServerPool, StateMode, copy_state, shared_pool
 from envace.envs.sqlite_state import SeedError, seed_database
 from envace.errors import UserError
 
@@ -182,15 +182,7 @@ def _database(seed_sql: str) -> bytes:
 def _seed(state: str | None, seed_sql: str | None) -> Any:
     """What makes a fresh initial state at a path: a copy of ``state``, or ``seed_sql`` run into a new database."""
     if state is not None:
-        source = Path(state).resolve()
-
-        def copy(target: Path) -> None:
-            if source.is_dir():
-                shutil.copytree(source, target, symlinks=True)
-            else:
-                shutil.copyfile(source, target)
-
-        return copy
+        return functools.partial(copy_state, Path(state).resolve())
     if seed_sql is not None:
         def build(target: Path) -> None:
             target.write_bytes(_database(seed_sql))

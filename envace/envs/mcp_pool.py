@@ -161,13 +161,13 @@ class ServerPool:
         slot = self._lease(episode)
         try:
             if self.mode == "file":
-                _copy(episode.state, slot.live)
+                copy_state(episode.state, slot.live)
             elif self.mode == "restart" and slot.holder != episode.token:
                 self._replay(slot, episode, timeout_s)
             result = self._guard(slot, lambda client: client.call_tool(name, arguments, timeout_s))
             self.counts["calls"] += 1
             if self.mode == "file":
-                _copy(slot.live, episode.state)
+                copy_state(slot.live, episode.state)
             elif self.mode == "restart":
                 episode.calls.append((name, arguments, result))
                 slot.holder, slot.clean = episode.token, False
@@ -337,7 +337,7 @@ def _resolve(server: ServerCommand, live: Path | None) -> ServerCommand:
                    cwd=None if server.cwd is None else server.cwd.replace(STATE_MARK, sub))
 
 
-def _copy(source: Path | None, target: Path | None) -> None:
+def copy_state(source: Path | None, target: Path | None) -> None:
     """Make ``target`` a copy of ``source`` (a file or a directory tree), replacing what was there."""
     assert source is not None and target is not None
     if source.is_dir():
