@@ -107,6 +107,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sft-max-steps", type=int, default=3000)
     parser.add_argument("--out", default="runs/study")
     parser.add_argument("--report", default="docs/results.md")
+    parser.add_argument("--section", default=None,
+                        help="the report's section a real-model study writes (default: controlled_study_<label>); "
+                             "a study of other domains with the same policy names its own, so neither replaces the "
+                             "other")
     parser.add_argument("--eval-tasks", type=int, default=None, help="test on this many tasks per split")
     parser.add_argument("--sft", action="append", default=[], metavar="OVERRIDE",
                         help="an extra `envace fit` argument of the warm start and of arm (e) (repeatable)")
@@ -206,7 +210,7 @@ def main(argv: list[str] | None = None) -> None:
     report_file = Path(args.report)
     tiny = _section(report_file.read_text(encoding="utf-8"), SECTION) if report_file.is_file() else ""
     text = scoped_report(read_record(record), args.seeds, scopes, command, tiny)
-    write_section(args.report, f"{SECTION}_{label}", text)
+    write_section(args.report, args.section or f"{SECTION}_{label}", text)
     print(text)  # noqa: T201
 
 

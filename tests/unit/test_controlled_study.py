@@ -328,6 +328,21 @@ def test_max_jobs_zero_only_rebuilds_the_report_from_the_record(study, study_pla
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("SUMMARY gain=nan std=nan gain_vs_real=nan")
 
 
+def test_a_named_section_keeps_the_other_studies_of_the_policy(study, study_plan, tmp_path, monkeypatch):
+    record, report = tmp_path / "library.json", tmp_path / "results.md"
+    report.write_text("<!-- BEGIN controlled_study_smollm2 -->\nbank and desk\n<!-- END controlled_study_smollm2 -->\n")
+    study_plan.add_to_record(str(record), "smollm2-library-s0-eval-d", {"test": {"success_act": 0.25},
+                                                                       "heldout": {"success_act": 0.0}})
+    monkeypatch.setattr(study, "run_all", lambda *a, **k: None)
+    study.main(["--policy", "smollm2", "--domains", "library", "--seeds", "0", "1", "--record", str(record),
+                "--report", str(report), "--out", str(tmp_path / "runs"), "--max-jobs", "0",
+                "--section", "controlled_study_smollm2_library"])
+    text = report.read_text()
+    assert "<!-- BEGIN controlled_study_smollm2 -->\nbank and desk\n<!-- END controlled_study_smollm2 -->" in text
+    library = text[text.index("<!-- BEGIN controlled_study_smollm2_library -->"):]
+    assert "| (d) no RL (the warm start) | 0.250 (0.250 / –) |" in library and "--section" in library
+
+
 def test_a_real_model_scope_plans_test_time_rehearsal_of_a_and_d(study_settings, study_plan):
     scope = study_settings.Settings("out", 10, 20, policy="smollm2", domain="bank")
     jobs = {job.key: job for job in study_plan.plan(scope, [0])}
