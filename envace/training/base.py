@@ -160,6 +160,14 @@ class PolicyModule(L.LightningModule):
         else:
             self.freed_memory.check(step_end=when != "micro_batch")
 
+    def before_micro_batch(self, length: int) -> None:
+        """On CPU, before a micro-batch of rows ``length`` tokens long: return freed host memory first if need be.
+
+        That is where its rows are longer than the ones since the last return (``FreedMemory.before``).
+        """
+        if self.device.type == "cpu" and self.freed_memory is not None:
+            self.freed_memory.before(length)
+
     def _evaluate(self, tasks: list[Task], prefix: str) -> None:
         """Evaluate one batch of tasks and log under ``prefix/`` (subclasses implement)."""
         raise NotImplementedError

@@ -269,6 +269,11 @@ def return_freed_memory() -> bool:
     return bool(trim is not None and trim(0) >= 0)
 
 
+LONGER = 1.25
+"""``FreedMemory.before``: how much longer than the rows since the last trim a micro-batch's rows must be for the heap
+to be trimmed before it (rows within it reuse the freed blocks well enough)."""
+
+
 class FreedMemory:
     """When a CPU training run gives freed host memory back to the system: when the allocator holds more than needed.
 
@@ -282,6 +287,11 @@ class FreedMemory:
     - after every micro-batch, optimiser step and rollout (whose engine freed its keys and values), resident memory
       more than ``1 + slack`` times that working set over the floor is trimmed back (``check``); memory within it
       stays for the next micro-batches to reuse. The first step, before any floor, trims after every micro-batch;
+    - before a micro-batch whose rows are longer (by ``LONGER``) than every row since the last trim, the heap is
+      trimmed first (``before``): the blocks shorter rows freed do not fit a longer row's tensors, so they would
+      stay beside the ones it allocates anew (measured on SmolLM2 RL, bank tasks with 600-token tool responses: a
+      2048-token row after rows of 812 peaked 0.4 GB higher than on a trimmed heap). Rows come longest first within
+      a role, so this happens about once a role a step;
     - ``restart`` (after a validation, which leaves the heap in another shape) trims, takes the floor and measures
       the working set again from the next micro-batch: what an earlier heap measured does not raise the ceiling for
       the rest of the run.
@@ -301,6 +311,21 @@ class FreedMemory:
         """The largest resident bytes over ``floor`` that a micro-batch on a freshly trimmed heap left."""
         self.fresh = False
         self.trims = 0
+        self.longest = 0
+        """The longest row (tokens) of the micro-batches since the last trim (0: none)."""
+
+    def before(self, length: int) -> bool:
+        """Before a micro-batch of rows ``length`` tokens long: trim if they are too long for the freed blocks.
+
+        That is, longer than the rows since the last trim by more than ``LONGER``; True if trimmed. The first step (no
+        floor yet) trims after every micro-batch anyway.
+        """
+        if self.floor is not None and self.longest and length > LONGER * self.longest:
+            done = self._trim()
+            self.longest = length
+            return done
+        self.longest = max(self.longest, length)
+        return False
 
     def check(self, step_end: bool = False) -> bool:
         """After a micro-batch's backward (``step_end``: an optimiser step): trim if over the ceiling; True if so."""
@@ -326,7 +351,7 @@ class FreedMemory:
         return self.release()
 
     def _trim(self) -> bool:
-        self.fresh, self.trims = True, self.trims + 1
+        self.fresh, self.trims, self.longest = True, self.trims + 1, 0
         return return_freed_memory()
 
 

@@ -140,6 +140,7 @@ class GRPOUpdate(PolicyModule):
         carry = self.prefix_carry(mb, micro_batches)
         for idx, groups in micro_batches:
             micro = mb.rows(idx)
+            self.before_micro_batch(micro.input_ids.shape[1])
             w = {k: v[idx][:, : micro.input_ids.shape[1]] for k, v in weights.items()}
             with self._role_adapter(micro):
                 loss, micro_stats = self._micro_loss(micro, w, groups, carry)

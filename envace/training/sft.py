@@ -253,6 +253,8 @@ class SFTModule(PolicyModule):
         carry = self.prefix_carry(batch, plan)
         for idx, groups in plan:
             micro = batch.rows(idx)
+            if backward:
+                self.before_micro_batch(micro.input_ids.shape[1])
             nll = -self._logps(micro, groups, carry) * micro.loss_mask  # [n, t]
             act = (micro.row_role == int(Role.ACT)).float()[:, None]  # [n, 1]
             part = {"act": (nll * act).sum() / counts["act"], "rehearse": (nll * (1 - act)).sum() / counts["rehearse"]}

@@ -121,3 +121,36 @@ def test_a_validation_takes_the_floor_after_writing_the_best_weights(scripted, t
     module.on_validation_end()
     assert order == ["best"] and trims == ["trim"] and module.freed_memory.floor == 2 * GB
     assert module.best.path is not None and module.best.path.is_file()
+
+
+def test_rows_longer_than_those_since_the_last_trim_run_on_a_trimmed_heap(scripted) -> None:
+    """Blocks that shorter rows freed do not fit a longer row's tensors: the heap is trimmed before such a row."""
+    readings, trims = scripted
+    freed = FreedMemory()
+    assert not freed.before(2048) and not trims  # the first step: no floor yet, every micro-batch is trimmed after
+    readings += [GB]
+    freed.release()  # the floor; the heap is fresh
+    assert not freed.before(800) and freed.longest == 800 and len(trims) == 1
+    assert not freed.before(1000)  # 1.25 x 800: within, the freed blocks are reused
+    assert freed.longest == 1000 and len(trims) == 1
+    assert freed.before(1251) and len(trims) == 2  # longer than 1.25 x 1000: trimmed first
+    assert freed.fresh and freed.longest == 1251
+    assert not freed.before(1500) and not freed.before(700) and len(trims) == 2
+    readings += [int(2.5 * GB)]  # the micro-batch after the trim measures the working set: 1.5 GB
+    assert not freed.check() and freed.working == int(1.5 * GB)
+    readings += [int(3.5 * GB)]  # over it after a micro-batch: trimmed, and the rows counted from anew
+    assert freed.check() and freed.longest == 0 and len(trims) == 3
+    assert not freed.before(4000) and len(trims) == 3  # the first rows after a trim run on the trimmed heap
+
+
+def test_the_training_modules_trim_before_longer_rows(scripted) -> None:
+    from envace.training.base import PolicyModule
+
+    readings, trims = scripted
+    module = PolicyModule()  # on CPU
+    module.before_micro_batch(900)  # no freed-memory tracker yet (no step ran): nothing to do
+    readings += [GB]
+    module.return_freed_memory()
+    module.before_micro_batch(500)
+    module.before_micro_batch(900)
+    assert len(trims) == 2 and module.freed_memory.longest == 900
