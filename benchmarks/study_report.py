@@ -317,9 +317,9 @@ def scale_table(results: dict[str, dict[str, Any]], seeds: list[int], scopes: li
     """The tiny policy's bank study (its section of the report, as it was written) beside this policy's, arm by arm."""
     tiny = {arm: (f"{m:.3f} ± {s:.3f}", f"{hm:.3f} ± {hs:.3f}") for arm, m, s, hm, hs in
             ((a, float(m), float(s), float(hm), float(hs)) for a, m, s, hm, hs in TINY_ROW.findall(tiny_report))}
-    if not tiny:
-        return []
     bank = next((scope for scope in scopes if scope.domain == "bank"), None)
+    if not tiny or bank is None:  # the tiny study is on the bank: nothing to set beside a study of other domains
+        return []
     lines = ["## Scale: the tiny policy beside this one (bank)", "",
              "The tiny policy's numbers are its controlled study's (the `controlled_study` section of this file); "
              "both are real success, greedy, on the bank test split and held-out templates, means ± std over seeds.",
@@ -329,7 +329,7 @@ def scale_table(results: dict[str, dict[str, Any]], seeds: list[int], scopes: li
         mine = []
         for split in ("test", "heldout"):
             values = [float(results.get(bank.key(s, f"eval-{arm}"), {}).get(split, {}).get("success_act", "nan"))
-                      for s in seeds] if bank else []
+                      for s in seeds]
             have = [v for v in values if v == v]
             mine.append(_spread(have))
         small = tiny.get(arm, ("–", "–"))

@@ -330,7 +330,9 @@ def test_max_jobs_zero_only_rebuilds_the_report_from_the_record(study, study_pla
 
 def test_a_named_section_keeps_the_other_studies_of_the_policy(study, study_plan, tmp_path, monkeypatch):
     record, report = tmp_path / "library.json", tmp_path / "results.md"
-    report.write_text("<!-- BEGIN controlled_study_smollm2 -->\nbank and desk\n<!-- END controlled_study_smollm2 -->\n")
+    tiny = "| (a) EnvACE | 0.917 ± 0.019 (0.900 / 0.934) | 0.000 ± 0.000 (0.000 / 0.000) |"
+    report.write_text(f"<!-- BEGIN controlled_study -->\n{tiny}\n<!-- END controlled_study -->\n"
+                      "<!-- BEGIN controlled_study_smollm2 -->\nbank and desk\n<!-- END controlled_study_smollm2 -->\n")
     study_plan.add_to_record(str(record), "smollm2-library-s0-eval-d", {"test": {"success_act": 0.25},
                                                                        "heldout": {"success_act": 0.0}})
     monkeypatch.setattr(study, "run_all", lambda *a, **k: None)
@@ -341,6 +343,7 @@ def test_a_named_section_keeps_the_other_studies_of_the_policy(study, study_plan
     assert "<!-- BEGIN controlled_study_smollm2 -->\nbank and desk\n<!-- END controlled_study_smollm2 -->" in text
     library = text[text.index("<!-- BEGIN controlled_study_smollm2_library -->"):]
     assert "| (d) no RL (the warm start) | 0.250 (0.250 / –) |" in library and "--section" in library
+    assert "Scale: the tiny policy" not in library  # the tiny study is on the bank, not this study's domain
 
 
 def test_a_real_model_scope_plans_test_time_rehearsal_of_a_and_d(study_settings, study_plan):
