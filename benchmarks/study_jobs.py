@@ -212,6 +212,7 @@ def rehearse_at_test(settings: Settings, seed: int, arm: str, policy: str) -> di
                 "init_args": {"tasks": settings.splits()["test"], "limit": limit,
                               "budgets": list(settings.rehearsal_budgets), "modes": ["parallel", "sequential"],
                               "seed": seed, "selector": {"class_path": settings.rehearsal_selector},
+                              "greedy_first": _needs_greedy(settings.rehearsal_selector),
                               "batch_size": 16, "output_dir": root}}
     cli = cli_main([
         "test", "--config", settings.rl_config, "--model.init_args.policy=envace.policy.HFPolicy",
@@ -223,6 +224,14 @@ def rehearse_at_test(settings: Settings, seed: int, arm: str, policy: str) -> di
     ])
     (ablation,) = [c for c in cli.trainer.callbacks if type(c).__name__ == "RehearsalBudgetAblation"]
     return ablation.history[-1]
+
+
+def _needs_greedy(class_path: str) -> bool:
+    """Whether the selector at ``class_path`` needs each rehearsal's first attempt greedy (``GuardedCommit``)."""
+    import importlib
+
+    module, _, name = class_path.rpartition(".")
+    return bool(getattr(getattr(importlib.import_module(module), name), "needs_greedy", False))
 
 
 def _prefixed(metrics: dict[str, float], prefix: str) -> dict[str, float]:

@@ -31,7 +31,7 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_only
 
-from envace.rollout.private_rehearsal import Granularity, PrivateRehearsal, Selector
+from envace.rollout.private_rehearsal import Granularity, PrivateRehearsal, Selector, check_selector
 from envace.runtime.progress import elapsed_text, ensure_handler
 
 report = rank_zero_only(logging.getLogger("envace.runtime.progress").info)
@@ -100,6 +100,7 @@ class RehearsalBudgetAblation(L.Callback):
         self.tasks_spec, self.limit = tasks, limit
         self.granularity, self.horizon, self.temperature = granularity, horizon, temperature
         self.greedy_first = greedy_first
+        check_selector(selector, PrivateRehearsal(1, greedy_first=greedy_first))
         self.selector, self.seed = selector, seed
         self.at_fit_end, self.on_test, self.every_n_steps = at_fit_end, on_test, every_n_steps
         self.output_dir = output_dir

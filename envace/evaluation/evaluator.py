@@ -30,7 +30,7 @@ from envace.policy.hf import adapter_context
 from envace.rewards.base import Reward
 from envace.rewards.scoring import score_episodes
 from envace.rollout.config import RolloutConfig
-from envace.rollout.private_rehearsal import PrivateRehearsal, Selector
+from envace.rollout.private_rehearsal import PrivateRehearsal, Selector, check_selector
 from envace.rollout.rehearsing import RehearsingRunner
 from envace.rollout.runner import EpisodeRunner
 from envace.runtime.distributed import chain_contexts, full_params_context
@@ -230,6 +230,8 @@ class PolicyEvaluator(nn.Module):
                  group_by: str | None = None) -> None:
         super().__init__()
         self.grouped = GroupedSuccess(group_by) if group_by is not None else None
+        if rehearsal is not None:
+            check_selector(selector, rehearsal)  # at configuration, not at the first test episode
         self.rehearsal, self.selector = rehearsal, selector
         self.world, self.prompter, self.rewards, self.user = world, prompter, rewards, user
         self.rollout = replace(rollout, act_temperature=0.0, rehearse_temperature=0.0)

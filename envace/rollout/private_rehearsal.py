@@ -23,6 +23,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from envace.roles.compare import is_error
 from envace.types import Episode
 
 Mode = Literal["parallel", "sequential"]
@@ -91,6 +92,11 @@ class Attempt:
         first_key: the identity of its first turn (its calls, canonically, or its answer).
         tokens: tokens it generated (act and rehearse roles).
         verdict: a selector's judgement of its outcome, if one was made.
+        greedy: its act turns were generated at temperature 0 (``PrivateRehearsal.greedy_first``): its first turn
+            is the one plain acting would commit.
+        first_malformed: its first turn was malformed (a broken tool-call block) or held a call the rollout refused
+            (an unknown tool, arguments against the schema).
+        errors: how many of its rehearsed tool responses report an error (``response_is_error``).
     """
 
     turns: list[list[tuple[str, dict[str, Any], str]]]
@@ -100,6 +106,30 @@ class Attempt:
     tokens: int = 0
     verdict: bool | None = None
     first_finished: bool = True
+    greedy: bool = False
+    first_malformed: bool = False
+    errors: int = 0
+
+    @property
+    def sound(self) -> bool:
+        """Its first turn is complete and well-formed, and nothing it imagined reported an error."""
+        return self.first_finished and not self.first_malformed and self.errors == 0
+
+
+def response_is_error(text: str, prefixes: tuple[str, ...] = ()) -> bool:
+    """Whether a (rehearsed) tool response reports an error.
+
+    That is ``envace.roles.compare.is_error`` (an error object, or text starting with ``Error``), or text that starts
+    with one of ``prefixes`` (the error prefixes a task's environment declares, e.g. ``"Database error:"``).
+    """
+    return is_error(text) or (isinstance(text, str) and text.lstrip().startswith(prefixes))
+
+
+def error_prefixes(task: Any) -> tuple[str, ...]:
+    """The error prefixes a task's environment declares (``init_args.error_prefixes``, as MCP servers' tasks do)."""
+    spec = getattr(task, "environment", None)
+    prefixes = (getattr(spec, "init_args", None) or {}).get("error_prefixes") or ()
+    return tuple(p for p in prefixes if isinstance(p, str) and p)
 
 
 def attempt_of(branch: Episode, start_messages: int, first_turn: list[int], tokens: int) -> Attempt:
@@ -117,7 +147,9 @@ def attempt_of(branch: Episode, start_messages: int, first_turn: list[int], toke
             answer = message.get("content") or ""
     first = turns[0] if turns else []
     key = json.dumps([[n, a] for n, a, _ in first], sort_keys=True) if first else f"answer:{answer}"
-    return Attempt(turns, answer, first_turn, key, tokens)
+    prefixes = error_prefixes(branch.task)
+    errors = sum(response_is_error(r, prefixes) for turn in turns for _, _, r in turn)
+    return Attempt(turns, answer, first_turn, key, tokens, errors=errors)
 
 
 def memory_text(attempts: list[Attempt], max_response_chars: int = 300) -> str:
@@ -134,6 +166,18 @@ def memory_text(attempts: list[Attempt], max_response_chars: int = 300) -> str:
         verdict = "" if attempt.verdict is None else (" [judged: done]" if attempt.verdict else " [judged: not done]")
         lines.append(f"Attempt {number}{verdict}: " + ("; ".join(steps) or "(no action)"))
     return "\n".join(lines)
+
+
+def check_selector(selector: Any, rehearsal: PrivateRehearsal) -> None:
+    """Refuse, before any episode runs, a selector that needs the greedy turn without ``greedy_first``.
+
+    Raises:
+        ValueError: naming the setting to turn on.
+    """
+    if getattr(selector, "needs_greedy", False) and not rehearsal.greedy_first and rehearsal.rehearsals > 0:
+        raise ValueError(f"{type(selector).__name__} commits the greedy turn unless rehearsal gives a reason not to: "
+                         "set PrivateRehearsal(greedy_first=True) (e.g. --model.test_rehearsal.greedy_first=true, or "
+                         "greedy_first: true in RehearsalBudgetAblation)")
 
 
 class Selector(Protocol):
@@ -207,6 +251,48 @@ class JudgedCommit:
     def select(self, attempts: list[Attempt]) -> Attempt | None:
         """The majority first turn among the attempts judged done, or None."""
         return MajorityCommit(0.0).select([a for a in attempts if a.verdict])
+
+
+class GuardedCommit:
+    """Do no harm: commit the turn plain acting would commit unless rehearsal gives a specific reason not to.
+
+    Needs ``PrivateRehearsal(greedy_first=True)``: each rehearsal's first attempt is the greedy turn, the one budget 0
+    commits. That turn is committed (as it was generated, so the episode goes on exactly as at budget 0) unless its
+    attempt is not ``sound`` (malformed, cut off, or an imagined error) while other attempts are: then the most common
+    first turn among the sound ones is committed (the earliest on ties). A malformed or cut-off turn is never taken
+    from a sampled attempt, and without a sound alternative the rule abstains and commits the greedy turn. So the
+    rule departs from plain acting only where the world model predicts the greedy action fails and another does not.
+
+    Args:
+        min_share: the least share of the sound alternatives their most common first turn must hold to replace the
+            greedy one (0: any; 1: they must all agree).
+    """
+
+    needs_greedy = True
+    """It needs the greedy turn among the attempts (``check_selector``)."""
+
+    def __init__(self, min_share: float = 0.0) -> None:
+        if not 0.0 <= min_share <= 1.0:
+            raise ValueError(f"GuardedCommit.min_share must be in [0, 1], got {min_share}")
+        self.min_share = min_share
+
+    def select(self, attempts: list[Attempt]) -> Attempt | None:
+        """The greedy attempt, or the majority first turn of the sound alternatives where it is not sound.
+
+        Raises:
+            ValueError: the first attempt is not greedy (``greedy_first`` is off): there is no plain turn to keep.
+        """
+        if not attempts:
+            return None
+        greedy = attempts[0]
+        if not greedy.greedy:
+            raise ValueError("GuardedCommit needs the greedy turn among the attempts: set "
+                             "PrivateRehearsal(greedy_first=True) (--model.test_rehearsal.greedy_first=true)")
+        if greedy.sound:
+            return greedy
+        alternatives = [a for a in attempts[1:] if a.sound and a.first_key != greedy.first_key]
+        choice = MajorityCommit(self.min_share).select(alternatives)
+        return choice if choice is not None else greedy
 
 
 def _first_index(attempts: list[Attempt], key: str) -> int:

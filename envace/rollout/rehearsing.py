@@ -20,8 +20,17 @@ from transformers import PreTrainedTokenizerBase
 from envace.engines.base import Engine, Generation, SamplingParams
 from envace.engines.stream import TokenStream, context_stream
 from envace.policy.chat import decode, encode, render
+from envace.roles.parsing import CallError
 from envace.rollout.config import RolloutConfig
-from envace.rollout.private_rehearsal import Attempt, JudgedCommit, MemoryCommit, PrivateRehearsal, Selector, attempt_of
+from envace.rollout.private_rehearsal import (
+    Attempt,
+    JudgedCommit,
+    MemoryCommit,
+    PrivateRehearsal,
+    Selector,
+    attempt_of,
+    check_selector,
+)
 from envace.rollout.private_rehearsal import memory_text as format_memory
 from envace.rollout.rules import LoopRules
 from envace.rollout.runner import EpisodeRunner
@@ -54,6 +63,7 @@ class RehearsingRunner(EpisodeRunner):
     def __init__(self, tokenizer: PreTrainedTokenizerBase, config: RolloutConfig, rehearsal: PrivateRehearsal,
                  prompter: RehearseWorld, selector: Selector | None = None, rules: LoopRules | None = None) -> None:
         super().__init__(tokenizer, config, rules)
+        check_selector(selector, rehearsal)
         self.rehearsal = rehearsal
         self.prompter = prompter
         self.selector = selector or MemoryCommit()
@@ -147,6 +157,7 @@ class RehearsingRunner(EpisodeRunner):
         plain = replace(sampled, temperature=0.0)
         starts = [(len(b.episode.messages), b.episode.stats.real_calls, len(b.episode.rehearsals)) for b in branches]
         first: dict[int, Generation] = {}
+        malformed: dict[int, bool] = {}
         tokens = {id(b): 0 for b in branches}
         answered: set[int] = set()
         for _ in range(self.rehearsal.horizon or self.config.max_turns):
@@ -156,13 +167,19 @@ class RehearsingRunner(EpisodeRunner):
             for b, gen in zip(active, self._generate_split(active, engine, sampled, plain, greedy)):
                 first.setdefault(id(b), gen)
                 tokens[id(b)] += len(gen.token_ids)
+                before = _refusals(b)
                 self._take_act_turn(b, gen)
+                if id(b) not in malformed:  # its first turn: broken, or holding a call the rollout refused
+                    malformed[id(b)] = _refusals(b) != before or any(isinstance(p, CallError) for p in b.pending)
                 if not b.pending:
                     answered.add(id(b))
             pending = [b for b in active if b.pending]
             if pending:
                 self._world_step(pending, self.prompter, self.rehearse_engine, False)
-        return [self._attempt(b, start, first[id(b)], tokens[id(b)]) for b, start in zip(branches, starts)]
+        attempts = [self._attempt(b, start, first[id(b)], tokens[id(b)]) for b, start in zip(branches, starts)]
+        for b, attempt in zip(branches, attempts):
+            attempt.greedy, attempt.first_malformed = id(b) in greedy, malformed.get(id(b), False)
+        return attempts
 
     @staticmethod
     def _generate_split(active: list[_Live], engine: Engine, sampled: SamplingParams, plain: SamplingParams,
@@ -235,6 +252,12 @@ def make_runner(tokenizer: PreTrainedTokenizerBase, config: RolloutConfig, rehea
     prompter = RehearseWorld()
     prompter.bind(tokenizer, model=None)
     return RehearsingRunner(tokenizer, config, rehearsal, prompter, selector, rules)
+
+
+def _refusals(s: _Live) -> tuple[int, int, int, bool]:
+    """What an act turn that the rollout refuses changes: malformed turns, unknown tools, invalid arguments, an end."""
+    stats = s.episode.stats
+    return stats.act_parse_errors, stats.unknown_tools, stats.invalid_arguments, stats.ended_by_error
 
 
 def _fork_episode(episode: Episode) -> Episode:

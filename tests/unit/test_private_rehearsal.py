@@ -7,6 +7,7 @@ environment only ever sees committed calls, and that the act row holds only the 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -18,6 +19,8 @@ from envace.policy.chat import decode, encode, render
 from envace.rollout.config import RolloutConfig
 from envace.rollout.private_rehearsal import (
     MEMORY_HEADER,
+    Attempt,
+    GuardedCommit,
     JudgedCommit,
     MajorityCommit,
     OutcomeMajorityCommit,
@@ -206,6 +209,83 @@ def test_selectors_on_hand_built_attempts() -> None:
     assert OutcomeMajorityCommit().select([attempt("x", None), attempt("z", None), attempt("z", "")]).first_key == "z"
     assert JudgedCommit().select([attempt("x", "5", True), b, attempt("y", "7", False)]).first_key == "x"
     assert JudgedCommit().select([a, b]) is None
+
+
+BROKEN_CALL = '<tool_call>\n{"name": "get_balance", "arguments": {"account": \n</tool_call>'
+
+
+def test_guarded_commit_keeps_the_greedy_turn_unless_only_it_is_imagined_to_fail() -> None:
+    def attempt(key: str, *, greedy: bool = False, errors: int = 0, malformed: bool = False,
+                finished: bool = True) -> Attempt:
+        return Attempt([], None, [1], key, greedy=greedy, errors=errors, first_malformed=malformed,
+                       first_finished=finished)
+
+    plain, failing = attempt("g", greedy=True), attempt("g", greedy=True, errors=1)
+    x, y, broken = attempt("x"), attempt("y"), attempt("z", malformed=True)
+    guarded = GuardedCommit()
+    assert guarded.select([plain, x, y]) is plain  # sound: budget 0's turn, whatever the others imagined
+    assert guarded.select([failing, broken, y, attempt("y")]) is y  # only the sound alternatives count
+    assert guarded.select([failing, broken, attempt("w", finished=False)]) is failing  # none sound: abstain
+    assert guarded.select([failing, attempt("g")]) is failing  # the same turn sampled again is no alternative
+    assert guarded.select([attempt("g", greedy=True, malformed=True), x]) is x
+    assert GuardedCommit(min_share=0.6).select([failing, x, y]) is failing  # x and y split: no majority
+    assert guarded.select([]) is None
+    with pytest.raises(ValueError, match="greedy_first=True"):
+        guarded.select([x, y])
+    with pytest.raises(ValueError, match="min_share"):
+        GuardedCommit(min_share=1.5)
+
+
+def test_guarded_commit_takes_another_turn_where_the_greedy_one_is_imagined_to_fail(tok):
+    budget = PrivateRehearsal(rehearsals=2, granularity="task", horizon=1, greedy_first=True)
+    act = [CALL_B2, CALL_A1,  # the greedy attempt and a sampled one
+           "120"]  # the committed episode's second turn; its first is the sampled attempt's
+    rehearse = [result_text({"error": "KeyError: 'B2'"}), result_text({"balance": 120})]
+    (ep,), act_engine, _, _ = run(tok, budget, act, rehearse, selector=GuardedCommit())
+    assert ep.stats.private_commits == 1 and ep.calls == [ToolCall("get_balance", {"account": "A1"})]
+    assert ep.final_answer == "120" and ep.stats.private_real_calls == 0
+
+
+def test_guarded_commit_never_takes_a_malformed_sampled_turn(tok):
+    budget = PrivateRehearsal(rehearsals=2, granularity="task", horizon=1, greedy_first=True)
+    act = [CALL_B2, BROKEN_CALL,  # the greedy attempt (imagined to fail) and a malformed sampled one
+           "50"]  # the committed episode's second turn: the greedy first turn was kept
+    seen: list[list[Attempt]] = []
+
+    class Recording(GuardedCommit):
+        def select(self, attempts: list[Attempt]) -> Attempt | None:
+            seen.append(attempts)
+            return super().select(attempts)
+
+    (ep,), _, _, _ = run(tok, budget, act, [result_text({"error": "no such account"})], selector=Recording())
+    (greedy, sampled), = seen
+    assert (greedy.greedy, greedy.errors, greedy.first_malformed) == (True, 1, False)
+    assert (sampled.greedy, sampled.first_malformed) == (False, True)
+    assert ep.calls == [ToolCall("get_balance", {"account": "B2"})] and ep.final_answer == "50"
+
+
+def test_a_guarded_commit_without_the_greedy_attempt_is_refused_before_any_episode(tok):
+    from callbacks.rehearsal_budget import RehearsalBudgetAblation
+
+    prompter = RehearseWorld()
+    prompter.bind(tok, model=None)
+    with pytest.raises(ValueError, match="greedy_first=True"):
+        RehearsingRunner(tok, RolloutConfig(), PrivateRehearsal(rehearsals=2), prompter, GuardedCommit())
+    with pytest.raises(ValueError, match="greedy_first"):
+        RehearsalBudgetAblation(selector=GuardedCommit())
+    RehearsalBudgetAblation(selector=GuardedCommit(), greedy_first=True)
+    RehearsingRunner(tok, RolloutConfig(), PrivateRehearsal(rehearsals=0), prompter, GuardedCommit())  # no rehearsal
+
+
+def test_an_environment_s_declared_error_prefixes_count_as_imagined_errors() -> None:
+    from envace.rollout.private_rehearsal import error_prefixes, response_is_error
+
+    task = replace(TASK, environment=EnvSpec("envace.envs.mcp.MCPEnvironment",
+                                               {"command": "x", "error_prefixes": ["Database error:"]}))
+    assert error_prefixes(task) == ("Database error:",) and error_prefixes(TASK) == ()
+    assert response_is_error("Database error: no such table: book", error_prefixes(task))
+    assert not response_is_error("[{'copies': 1}]", error_prefixes(task))
+    assert response_is_error('{"error": "KeyError"}') and not response_is_error('{"balance": 3}')
 
 
 def test_the_committed_prompt_is_the_real_conversation_plus_the_memory_and_nothing_else(tok, monkeypatch):
