@@ -3,7 +3,8 @@
 ``envace test`` logs means; this callback keeps the episodes behind them. One line per episode: the task's id and
 metadata, success and reward, the semantic conversation (tool calls parsed, tool responses as the world gave them),
 the final answer, the real calls and the episode's counters, and, after private rehearsal, the memory the act role
-read before each committed turn (``private_memory``). The file is rewritten at the start of each
+read before each committed turn (``private_memory``) and every imagined attempt with the one committed
+(``private_attempts``). The file is rewritten at the start of each
 evaluation, so it always holds the latest one; a multi-GPU run writes one file per rank (``test.rank1.jsonl``).
 
 Config::
@@ -44,6 +45,9 @@ def episode_record(episode: Episode) -> dict[str, Any]:
         "stats": dataclasses.asdict(episode.stats),
         **({"private_memory": [{"act_turn": turn, "memory": text} for turn, text in episode.private_memory]}
            if episode.private_memory else {}),
+        **({"private_attempts": [{"act_turn": turn, "attempts": attempts, "committed": committed}
+                                 for turn, attempts, committed in episode.private_attempts]}
+           if episode.private_attempts else {}),
     }
 
 

@@ -384,6 +384,11 @@ class Episode:
             memory is private). Empty without private rehearsal.
         act_outputs: ``(user turn, text)`` for every committed act turn: the generated text as decoded (stop token
             removed), before any parsing; what a benchmark's official result file holds.
+        private_attempts: ``(act turn, attempts, committed)`` for each committed act turn that private rehearsal
+            preceded: every imagined attempt (``envace.rollout.private_rehearsal.Attempt.record``: its calls with
+            their rehearsed responses, its answer, whether it was greedy, malformed or imagined an error) and the
+            index of the attempt whose first turn was committed (None: the act role wrote the turn with the memory).
+            What a study of what rehearsal changed reads beside the real messages. Empty without private rehearsal.
     """
 
     task: Task
@@ -401,6 +406,7 @@ class Episode:
     earlier_act: list[Sample] = field(default_factory=list)
     private_memory: list[tuple[int, str]] = field(default_factory=list)
     act_outputs: list[tuple[int, str]] = field(default_factory=list)
+    private_attempts: list[tuple[int, list[dict[str, Any]], int | None]] = field(default_factory=list)
 
     def act_rows(self) -> list[Sample]:
         """The act role's rows, oldest first (``earlier_act``, then ``act``)."""

@@ -110,6 +110,13 @@ class Attempt:
     first_malformed: bool = False
     errors: int = 0
 
+    def record(self) -> dict[str, Any]:
+        """A JSON-ready summary (``Episode.private_attempts``): its calls and rehearsed responses, answer and flags."""
+        return {"turns": [[[name, arguments, response] for name, arguments, response in turn] for turn in self.turns],
+                "answer": self.answer, "first_key": self.first_key, "greedy": self.greedy,
+                "first_finished": self.first_finished, "first_malformed": self.first_malformed,
+                "errors": self.errors, "tokens": self.tokens, "verdict": self.verdict}
+
     @property
     def sound(self) -> bool:
         """Its first turn is complete and well-formed, and nothing it imagined reported an error."""

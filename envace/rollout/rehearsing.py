@@ -95,6 +95,9 @@ class RehearsingRunner(EpisodeRunner):
         for s in states:
             tried = attempts.get(id(s))
             chosen = self.selector.select(tried) if tried else None
+            if tried:
+                index = next((i for i, a in enumerate(tried) if a is chosen), None)
+                s.episode.private_attempts.append((s.episode.stats.act_turns, [a.record() for a in tried], index))
             if chosen is not None:
                 out[id(s)] = Generation(list(chosen.first_turn), chosen.first_finished)
                 s.episode.stats.private_commits += 1
@@ -266,6 +269,7 @@ def _fork_episode(episode: Episode) -> Episode:
                    earlier_act=list(episode.earlier_act),
                    rehearsals=list(episode.rehearsals), calls=list(episode.calls),
                    call_steps=list(episode.call_steps), private_memory=list(episode.private_memory),
+                   private_attempts=list(episode.private_attempts),
                    act_outputs=list(episode.act_outputs),
                    stats=replace(episode.stats))
 

@@ -62,6 +62,9 @@ def test_the_ablation_runs_every_budget_in_both_modes_and_writes_its_files(tmp_p
                 assert ("get_balance" in m["memory"]) == (m["act_turn"] == 0)  # the scripted call, then its answer
                 assert ("answer: 120" in m["memory"]) == (m["act_turn"] == 1)
                 assert all(m["memory"] not in str(msg.get("content")) for msg in episode["messages"])  # private
+            attempts = episode.get("private_attempts", [])  # what was imagined; the memory wrote each turn
+            assert [(a["act_turn"], len(a["attempts"]), a["committed"]) for a in attempts] == (
+                [(0, budget, None), (1, budget, None)] if budget else [])
     assert "| sequential | 2 | " in (tmp_path / "ablation" / "rehearsal_budget_step0.md").read_text()
     curve = _scalars(tmp_path)["rehearsal_budget/parallel/tokens_per_episode"]
     assert len(curve) == 3 and curve[0] == 0.0 and curve[1] > 0  # one point per budget

@@ -244,6 +244,11 @@ def test_guarded_commit_takes_another_turn_where_the_greedy_one_is_imagined_to_f
     (ep,), act_engine, _, _ = run(tok, budget, act, rehearse, selector=GuardedCommit())
     assert ep.stats.private_commits == 1 and ep.calls == [ToolCall("get_balance", {"account": "A1"})]
     assert ep.final_answer == "120" and ep.stats.private_real_calls == 0
+    # the episode keeps what was imagined and which attempt was committed, for the study of what rehearsal changed
+    ((turn, attempts, committed),) = ep.private_attempts
+    assert (turn, committed) == (0, 1) and [a["greedy"] for a in attempts] == [True, False]
+    assert attempts[0]["turns"] == [[["get_balance", {"account": "B2"}, '{"error": "KeyError: \'B2\'"}']]]
+    assert [a["errors"] for a in attempts] == [1, 0] and attempts[1]["turns"][0][0][2] == '{"balance": 120}'
 
 
 def test_guarded_commit_never_takes_a_malformed_sampled_turn(tok):
