@@ -213,6 +213,7 @@ def rehearse_at_test(settings: Settings, seed: int, arm: str, policy: str) -> di
                               "budgets": list(settings.rehearsal_budgets), "modes": ["parallel", "sequential"],
                               "seed": seed, "selector": {"class_path": settings.rehearsal_selector},
                               "greedy_first": _needs_greedy(settings.rehearsal_selector),
+                              "write_episodes": True,  # what rehearsal changed, task by task (rehearsal_anatomy.py)
                               "batch_size": 16, "output_dir": root}}
     cli = cli_main([
         "test", "--config", settings.rl_config, "--model.init_args.policy=envace.policy.HFPolicy",

@@ -608,6 +608,11 @@ REGISTRY: dict[str, Entry] = {
         "steps); checked: parses and instantiates without weights"),
     ".venv/bin/python -m envace.cli.demo --model smollm2 --out runs/demo_smollm2": parse_only(
         "checks", demo_preset, "hours on 2 cores; checked: both stages parse with the demo's overrides"),
+    ".venv/bin/python benchmarks/rehearsal_anatomy.py envace=runs/study/smollm2-bank-seed0/rehearsal/a "
+    "base=runs/study/smollm2-bank-seed0/rehearsal/d [--details]": parse_only(
+        "checks", script_parses(["envace=DIR", "base=DIR", "--details"]),
+        "needs a rehearsal ablation's episode files (the controlled study's test-time rehearsal jobs); checked: a "
+        "filled-in variant parses, and tests/unit/test_rehearsal_anatomy.py runs the script on written files"),
     ".venv/bin/python benchmarks/fidelity_per_tool.py NAME=DIR [NAME=DIR ...] [--tasks builtin:bank-test] "
     "[--dtype bfloat16|float32] [--chat-template chatml-tools]": parse_only(
         "checks", script_parses(["tiny=DIR", "--tasks", "builtin:bank-test", "--dtype", "float32",

@@ -112,3 +112,34 @@ def test_episode_files_are_read_with_clear_errors(tmp_path) -> None:
         read_episodes(bad)
     with pytest.raises(ValueError, match="different tasks"):
         anatomy(read_episodes(good), {"t1": episode("t1", True)})
+
+
+def test_the_benchmark_sets_each_rehearsing_setting_beside_plain_acting(tmp_path, capsys) -> None:
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "rehearsal_anatomy.py"
+    spec = importlib.util.spec_from_file_location("rehearsal_anatomy_benchmark", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    wrong = (call("get_balance", account="B2"), tool('{"balance": 50}'), answer("50"))
+    plain = [episode("t1", True, *RIGHT), episode("t2", False, *wrong)]
+    rehearsed = [episode("t1", False, *wrong, attempts=[tried(0, attempt('{"balance": 120}'))]),
+                 episode("t2", True, *RIGHT, attempts=[tried(None, attempt('{"balance": 50}'))])]
+    for mode in ("parallel", "sequential"):
+        for budget, records in ((0, plain), (2, rehearsed)):
+            name = f"rehearsal_budget_step0_{mode}_b{budget}.jsonl"
+            (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in records))
+    script.main([f"envace={tmp_path}", "--details"])
+    out = capsys.readouterr().out
+    assert "| envace, step 0, sequential, budget 2 | 2 | right_to_wrong | 0 | 1 | 0 | 0 | 0 | 0 | 1 |" in out
+    assert "- envace, step 0, parallel, budget 2: t1 right_to_wrong (wrong_imagined, turn 0)" in out
+    assert out.strip().splitlines()[-1] == ("SUMMARY right_to_wrong=2 wrong_to_right=2 malformed_commit=0 "
+                                            "wrong_imagined=2 right_imagined=0 memory_rewrite=0 same_turns=0 "
+                                            "no_record=0")
+    (tmp_path / "rehearsal_budget_step0_parallel_b0.jsonl").unlink()
+    with pytest.raises(FileNotFoundError, match="plain-acting episodes"):
+        script.main([f"envace={tmp_path}"])
+    (tmp_path / "nothing").mkdir()
+    with pytest.raises(FileNotFoundError, match="write_episodes: true"):
+        script.main([f"empty={tmp_path / 'nothing'}"])
