@@ -23,6 +23,8 @@ from typing import Any
 from study_jobs import evaluate, rehearse_at_test, rl_arm, sft_continued, validation_chose_nothing, warm_start
 from study_settings import LEVER_PREFIX, REHEARSED_ARMS, Settings
 
+from envace.envs.mcp_launch import die_with_parent
+
 
 @dataclass
 class Job:
@@ -178,7 +180,8 @@ def run_all(jobs: list[Job], out: str, workers: int, record: str | None = None,
     running: dict[Future, Job] = {}
     started = 0
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+    # a worker dies with the study (also on SIGKILL), rather than training on for an hour with nobody to record it
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=die_with_parent) as pool:
         while pending or running:
             room = workers - len(running) if max_jobs is None else min(workers - len(running), max_jobs - started)
             for job in [j for j in pending if all(n in results for n in j.needs)][: max(room, 0)]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -684,3 +685,51 @@ def test_a_base_model_names_its_own_keys_record_and_report_section(study, study_
     assert "<!-- BEGIN controlled_study_qwen3-1.7b -->" in text and "real language model: qwen3-1.7b" in text
     with pytest.raises(SystemExit):
         study.main(["--policy", "smollm2", "--base-model", "/", "--seeds", "0", "1", "--max-jobs", "0"])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the death signal is Linux's prctl")
+def test_a_study_killed_with_sigkill_takes_its_running_job_with_it(tmp_path) -> None:
+    import os
+    import signal
+    import subprocess
+    import time
+
+    (tmp_path / "sleepy.py").write_text(
+        "import os, time\n"
+        "def job(path):\n"
+        "    open(path, 'w').write(str(os.getpid()))\n"
+        "    time.sleep(120)\n"
+        "    return {}\n")
+    pid_file = tmp_path / "worker.pid"
+    script = ("import study_plan, sleepy\n"
+              f"study_plan.run_all([study_plan.Job('s0-sleep', sleepy.job, ({str(pid_file)!r},))], "
+              f"{str(tmp_path)!r}, workers=1)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "benchmarks"), str(ROOT)])}
+    study = subprocess.Popen([sys.executable, "-c", script], env=env, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        while not pid_file.is_file() or not pid_file.read_text():
+            assert time.monotonic() < deadline and study.poll() is None, "the job never started"
+            time.sleep(0.1)
+        worker = int(pid_file.read_text())
+        study.send_signal(signal.SIGKILL)
+        study.wait()
+        deadline = time.monotonic() + 10
+        while _alive(worker):
+            assert time.monotonic() < deadline, f"the study's worker {worker} outlived it"
+            time.sleep(0.1)
+    finally:
+        study.kill()
+        if pid_file.is_file() and pid_file.read_text() and _alive(int(pid_file.read_text())):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)  # nothing left behind, even when the test fails
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie (killed, not yet reaped by init) is not running
+        return f.read().split(") ", 1)[1][0] != "Z"
