@@ -731,5 +731,8 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    with open(f"/proc/{pid}/stat") as f:  # a zombie (killed, not yet reaped by init) is not running
-        return f.read().split(") ", 1)[1][0] != "Z"
+    try:
+        with open(f"/proc/{pid}/stat") as f:  # a zombie (killed, not yet reaped by init) is not running
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except FileNotFoundError:  # gone between the two looks
+        return False
