@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from envace.data.jsonl import json_lines
+
 Grouping = Sequence[Sequence[str]]
 """Tool names per step; the names of one step were called in parallel."""
 
@@ -205,15 +207,7 @@ def load_finmcp(path: str | Path) -> list[FinMCPRecord]:
             raise ValueError(f"{path}:{exc.lineno}: not valid JSON: {exc.msg}") from exc
         records = [parse_record(raw, f"{path}[{i}]") for i, raw in enumerate(raws)]
     else:
-        records = []
-        for number, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                raw = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{number}: not valid JSON: {exc.msg}") from exc
-            records.append(parse_record(raw, f"{path}:{number}"))
+        records = [parse_record(raw, where) for where, raw in json_lines(text, path)]
     seen: set[str] = set()
     for record in records:
         if record.id in seen:

@@ -29,6 +29,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from envace.data.jsonl import json_lines
 from envace.errors import UserError
 
 if TYPE_CHECKING:
@@ -212,14 +213,7 @@ def _read_records(path: Path) -> list[tuple[str, Any]]:
             return [(f"{path}[{i}]", raw) for i, raw in enumerate(json.loads(text))]
         except json.JSONDecodeError as exc:
             raise VitaFormatError(f"{path}:{exc.lineno}: not valid JSON: {exc.msg}") from exc
-    records = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            try:
-                records.append((f"{path}:{number}", json.loads(line)))
-            except json.JSONDecodeError as exc:
-                raise VitaFormatError(f"{path}:{number}: not valid JSON: {exc.msg}") from exc
-    return records
+    return json_lines(text, path, VitaFormatError)
 
 
 def _select(tasks: list[VitaTask], ids: Sequence[str], path: Path) -> list[VitaTask]:

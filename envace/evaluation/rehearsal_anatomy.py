@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from envace.data.jsonl import json_lines
 from envace.roles.compare import canonical
 
 CAUSES = ("malformed_commit", "wrong_imagined", "right_imagined", "memory_rewrite", "same_turns", "no_record")
@@ -76,17 +77,11 @@ def read_episodes(path: str | Path) -> dict[str, dict[str, Any]]:
         ValueError: a line that is not a JSON object with a ``task``, or a task twice, naming the file and line.
     """
     records: dict[str, dict[str, Any]] = {}
-    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{number}: not JSON ({err.msg})") from err
+    for where, record in json_lines(Path(path).read_text(encoding="utf-8"), path):
         if not isinstance(record, dict) or not isinstance(record.get("task"), str):
-            raise ValueError(f"{path}:{number}: an episode record needs a 'task' id")
+            raise ValueError(f"{where}: an episode record needs a 'task' id")
         if record["task"] in records:
-            raise ValueError(f"{path}:{number}: task {record['task']!r} appears twice")
+            raise ValueError(f"{where}: task {record['task']!r} appears twice")
         records[record["task"]] = record
     return records
 

@@ -102,7 +102,7 @@ def test_episode_files_are_read_with_clear_errors(tmp_path) -> None:
     assert sorted(read_episodes(good)) == ["t1", "t2"]
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps(episode("t1", True)) + "\n{oops\n")
-    with pytest.raises(ValueError, match=r"bad.jsonl:2: not JSON"):
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: not valid JSON"):
         read_episodes(bad)
     bad.write_text(json.dumps({"success": True}) + "\n")
     with pytest.raises(ValueError, match=r"bad.jsonl:1: an episode record needs a 'task'"):
