@@ -22,6 +22,11 @@ runs, and its peak over those steps is reported beside (``peak_ratio_first_steps
   different lengths); with the weights unchanged both sample the same episodes from the same seed and do the same
   work (the benchmark checks the generated tokens per step are equal). ``--trimmed-off`` adds ``off+trim``: the path
   before with freed memory returned as the code now does (``envace.training.memory.FreedMemory``);
+- validation: ``envace validate`` of the SFT config at its defaults (``--validate`` domains, ``eval_batch_size``
+  tasks of each domain's validation split, acting against the real environment), the prepared model's weights: the
+  generation engine's keys and values for ``rollout.generate_batch_size`` prompts at once are what a validation adds
+  to a step's floor, and the built-in ``library`` domain (a real ``mcp-server-sqlite``, from
+  ``scripts/setup_mcp_servers.sh``) has the longest prompts of the built-in domains;
 - growth: one SFT run of ``--growth-steps`` steps (bank, batch 4, a validation every quarter of the run with
   ``export_best`` writing the best weights), its resident memory read after every step. A step's end swings between
   the floor a trim leaves and the ceiling ``FreedMemory`` tolerates above it, so the growth compares windows: the
@@ -34,13 +39,15 @@ Run on an idle machine, one job at a time (``uptime`` first)::
 
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/memory.py                  # every case, about three hours on 2 cores
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/memory.py --sets bank --stages sft --batches 4 16 --growth-steps 0
+    OMP_NUM_THREADS=2 .venv/bin/python benchmarks/memory.py --stages --growth-steps 0 --validate library
 
 The last line is ``SUMMARY sft_peak_gb=... rl_peak_gb=... peak_ratio_batch16_over_batch4=...
-growth_gb_per_100_steps=... growth_peak_gb=... step_time_ratio=... step_time_ratio_over_trimmed_off=...`` (the largest
-peaks at the defaults over the sets, the largest batch-16 / batch-4 ratio, the growth scaled to 100 steps and the
-growth run's peak, and the largest ratio of the default's step time over the ``off`` one and over the ``off+trim``
-one, over stages and sets), then ``peak_ratio_first_steps=...``: the ratio with the smaller batch's peak over its
-first ``--steps`` only (fewer tasks than the larger batch's).
+growth_gb_per_100_steps=... growth_peak_gb=... validation_peak_gb=... step_time_ratio=...
+step_time_ratio_over_trimmed_off=...`` (the largest peaks at the defaults over the sets, the largest batch-16 /
+batch-4 ratio, the growth scaled to 100 steps and the growth run's peak, the largest validation's peak at the
+config's ``generate_batch_size``, and the largest ratio of the default's step time over the ``off`` one and over the
+``off+trim`` one, over stages and sets), then ``peak_ratio_first_steps=...``: the ratio with the smaller batch's
+peak over its first ``--steps`` only (fewer tasks than the larger batch's).
 """
 
 from __future__ import annotations
@@ -126,6 +133,23 @@ def case_args(stage: str, task_set: str, batch: int, budget: str, steps: int, ro
     return args + task_args(stage, task_set, root)
 
 
+SERVER = ROOT / ".venv-mcp" / "sqlite" / "bin" / "mcp-server-sqlite"
+"""The real server the built-in library domain's tasks launch (``scripts/setup_mcp_servers.sh`` installs it)."""
+
+
+def validation_args(domain: str, tasks: int, root: Path, generate_batch: int | None) -> list[str]:
+    """The ``envace validate`` arguments of one validation case: the SFT config at its defaults, ``tasks`` tasks of
+    ``domain``'s validation split in one batch; ``generate_batch``: ``rollout.generate_batch_size`` instead of the
+    config's."""
+    args = ["validate", "--config", CONFIGS["sft"], f"--trainer.default_root_dir={root}", "--trainer.logger=false",
+            f"--model.init_args.policy.init_args.name_or_path={MODEL}", "--model.init_args.export_dir=null",
+            "--model.init_args.export_best=null", f"--data.val_tasks=builtin:{domain}-val:{tasks}",
+            f"--data.eval_batch_size={tasks}", "--trainer.limit_val_batches=1"]
+    if generate_batch:
+        args.append(f"--model.init_args.rollout.generate_batch_size={generate_batch}")
+    return args
+
+
 def child(args: list[str], rss_every_step: bool, before: bool = False) -> None:
     """Run ``envace`` in this process; print the step times, the RSS per step and the peak as one JSON line.
 
@@ -166,8 +190,10 @@ def child(args: list[str], rss_every_step: bool, before: bool = False) -> None:
             return super()._instantiate_trainer(config, [*callbacks, Clock()])
 
     sys.argv = ["envace"]
+    start = time.perf_counter()
     cli_main(args, cli_class=ClockCLI)
-    print("RESULT " + json.dumps({"times": times, "rss": rss, "peak_gb": peak_gb(), "hwm": hwm, **logged}), flush=True)
+    result = {"wall_s": time.perf_counter() - start, "times": times, "rss": rss, "peak_gb": peak_gb(), "hwm": hwm}
+    print("RESULT " + json.dumps({**result, **logged}), flush=True)
 
 
 def peak_gb() -> float:
@@ -277,6 +303,11 @@ def main(argv: list[str] | None = None) -> None:
                         help="runs of each path of the step-time comparison, interleaved (0: no comparison)")
     parser.add_argument("--trimmed-off", action="store_true",
                         help="also time the path before with freed memory returned (off+trim)")
+    parser.add_argument("--validate", nargs="*", default=["bank", "library"], choices=["bank", "desk", "library"],
+                        help="domains of the validation cases (none: no validation case)")
+    parser.add_argument("--val-tasks", type=int, default=64, help="tasks a validation case validates, in one batch")
+    parser.add_argument("--val-generate-batch", type=int, nargs="+", default=[0],
+                        help="rollout.generate_batch_size of the validation cases (0: the config's)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--rss", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--before", action="store_true", help=argparse.SUPPRESS)
@@ -286,13 +317,30 @@ def main(argv: list[str] | None = None) -> None:
         return
     if not MODEL.is_dir():
         raise SystemExit(f"{MODEL}: run `envace prepare-model smollm2-135m-instruct` first")
+    if "library" in opts.validate and not SERVER.exists():
+        raise SystemExit(f"{SERVER}: the library validation case needs the real server: run "
+                         "`bash scripts/setup_mcp_servers.sh` first, or leave library out of --validate")
     small, large = opts.batches
     rows: list[tuple[str, str, int, str, float, float]] = []
     peaks: dict[tuple[str, str, int, str], float] = {}
     first_peaks: dict[tuple[str, str, int, str], float] = {}  # the smaller batch's peak over its first --steps
     step_ratio: list[float] = []
     trimmed_ratio: list[float] = []
+    validation_peaks: list[float] = []
     with tempfile.TemporaryDirectory(prefix="envace-memory-") as tmp:
+        for domain in opts.validate:
+            for generate_batch in opts.val_generate_batch:
+                root = Path(tmp, f"validate-{domain}-{generate_batch}")
+                try:
+                    result = run_case(validation_args(domain, opts.val_tasks, root, generate_batch))
+                finally:
+                    shutil.rmtree(root, ignore_errors=True)
+                label = f"generate_batch_size {generate_batch or 'of the config'}"
+                if not generate_batch:
+                    validation_peaks.append(result["peak_gb"])
+                rows.append(("validate", domain, opts.val_tasks, label, result["peak_gb"], result["wall_s"]))
+                print(f"validate {domain}, {opts.val_tasks} tasks, {label}: peak {result['peak_gb']:.2f} GB, "
+                      f"{result['wall_s']:.0f} s", flush=True)
         for stage in opts.stages:
             for task_set in opts.sets:
                 for batch in (small, large):  # the peaks at the defaults, over the same tasks
@@ -327,7 +375,7 @@ def main(argv: list[str] | None = None) -> None:
                   f"{envelope[0][0]:.2f} and {envelope[0][1]:.2f} GB (steps {interval + 1}-{2 * interval}), in the "
                   f"last {interval} steps between {envelope[1][0]:.2f} and {envelope[1][1]:.2f} GB; peak "
                   f"{growth_peak:.2f} GB; every step: {' '.join(f'{x:.2f}' for x in rss)}", flush=True)
-    print("\n| stage | tasks | batch | budget | peak GB | step s |\n|---|---|---|---|---|---|")
+    print("\n| stage | tasks | batch | budget | peak GB | step s (validate: the run) |\n|---|---|---|---|---|---|")
     for stage, task_set, batch, budget, peak, step in rows:
         print(f"| {stage} | {task_set} | {batch} | {budget} | {peak:.2f} | {step:.1f} |")
     default = {k: v for k, v in peaks.items() if k[3] == "default"}
@@ -340,8 +388,10 @@ def main(argv: list[str] | None = None) -> None:
                  if (s, t, large, "default") in default), default=float("nan"))
     steps = max(step_ratio, default=float("nan"))
     trimmed = max(trimmed_ratio, default=float("nan"))
+    validation = max(validation_peaks, default=float("nan"))
     print(f"SUMMARY sft_peak_gb={sft:.2f} rl_peak_gb={rl:.2f} peak_ratio_batch16_over_batch4={ratio:.3f} "
-          f"growth_gb_per_100_steps={growth:.3f} growth_peak_gb={growth_peak:.2f} step_time_ratio={steps:.3f} "
+          f"growth_gb_per_100_steps={growth:.3f} growth_peak_gb={growth_peak:.2f} "
+          f"validation_peak_gb={validation:.2f} step_time_ratio={steps:.3f} "
           f"step_time_ratio_over_trimmed_off={trimmed:.3f} peak_ratio_first_steps={first:.3f}")
 
 

@@ -152,3 +152,23 @@ def test_the_growth_compares_the_windows_ceilings_and_floors_not_two_readings() 
     assert growth == pytest.approx(0.2 * 100 / 4)
     with pytest.raises(ValueError, match="at least 6 steps"):
         bench.growth_per_100([1.0] * 5, 2)
+
+
+def test_the_memory_benchmarks_validation_case_is_the_sft_config_validating_one_batch(tmp_path: Path) -> None:
+    import importlib.util
+    import sys
+    from unittest import mock
+
+    from envace.cli.lightning import ConfigCheckCLI, cli_main
+
+    spec = importlib.util.spec_from_file_location("memory_bench", ROOT / "benchmarks" / "memory.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    args = bench.validation_args("library", 64, tmp_path / "validate", 16)
+    assert args[0] == "validate"
+    with mock.patch.object(sys, "argv", ["envace"]):
+        cli = cli_main(args[1:], run=False, cli_class=ConfigCheckCLI)
+    assert cli.datamodule.eval_batch_size == 64 and cli.model.rollout.generate_batch_size == 16
+    assert cli.model.best is None and cli.model.export_dir is None  # a validation case writes no weights
+    default = bench.validation_args("bank", 8, tmp_path / "validate", None)
+    assert not any("generate_batch_size" in a for a in default)  # the config's own
