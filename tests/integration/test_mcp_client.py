@@ -6,6 +6,7 @@ server is blocked in a tool call (it would not notice its closed input).
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -107,7 +108,7 @@ def test_a_line_that_is_not_json_rpc_is_skipped_and_the_session_goes_on() -> Non
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the death signal is Linux's")
-def test_a_server_blocked_in_a_call_dies_with_a_sigkilled_trainer() -> None:
+def test_a_server_blocked_in_a_call_dies_with_a_sigkilled_trainer(tmp_path: Path) -> None:
     trainer = textwrap.dedent(f"""
         import sys, threading, time
         from envace.envs.mcp_client import MCPClient, ServerCommand
@@ -117,11 +118,13 @@ def test_a_server_blocked_in_a_call_dies_with_a_sigkilled_trainer() -> None:
         print(client.pid, flush=True)
         time.sleep(300)
     """)
+    # a SIGKILLed trainer cannot remove its server's process-id and log files: they go to this test's directory
     proc = subprocess.Popen([sys.executable, "-c", trainer], stdout=subprocess.PIPE, text=True,
-                            cwd=Path(__file__).parents[2])
+                            cwd=Path(__file__).parents[2], env={**os.environ, "TMPDIR": str(tmp_path)})
     try:
         pid = int(proc.stdout.readline())
         assert pid in servers()
+        assert sorted(p.suffix for p in tmp_path.glob("envace-mcp-*")) == [".log", ".pid"]
         proc.kill()  # SIGKILL: no cleanup runs in the trainer
         proc.wait(timeout=30)
         assert gone(pid), "the server outlived its SIGKILLed trainer"
