@@ -25,8 +25,8 @@ runs, and its peak over those steps is reported beside (``peak_ratio_first_steps
 - validation: ``envace validate`` of the SFT config at its defaults (``--validate`` domains, ``eval_batch_size``
   tasks of each domain's validation split, acting against the real environment), the prepared model's weights: the
   generation engine's keys and values for ``rollout.generate_batch_size`` prompts at once are what a validation adds
-  to a step's floor, and the built-in ``library`` domain (a real ``mcp-server-sqlite``, from
-  ``scripts/setup_mcp_servers.sh``) has the longest prompts of the built-in domains;
+  to a step's floor; the built-in ``library`` domain answers every call with a real ``mcp-server-sqlite`` (from
+  ``scripts/setup_mcp_servers.sh``) and has long prompts (its system prompt and five tool schemas);
 - growth: one SFT run of ``--growth-steps`` steps (bank, batch 4, a validation every quarter of the run with
   ``export_best`` writing the best weights), its resident memory read after every step. A step's end swings between
   the floor a trim leaves and the ceiling ``FreedMemory`` tolerates above it, so the growth compares windows: the

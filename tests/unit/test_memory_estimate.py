@@ -113,13 +113,9 @@ def test_envace_fit_stops_before_its_first_step_when_the_estimate_exceeds_the_li
 
 
 def test_the_memory_benchmark_writes_a_long_response_task_set_the_loader_accepts(tmp_path: Path) -> None:
-    import importlib.util
-
     from envace.builtin.task_sets import load_task_set
 
-    spec = importlib.util.spec_from_file_location("memory_bench", ROOT / "benchmarks" / "memory.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = memory_benchmark()
     path = bench.long_tasks(tmp_path / "long.jsonl", n=5)
     tasks = load_task_set(path)
     responses = [m["content"] for t in tasks for m in t.reference if m["role"] == "tool"]
@@ -135,11 +131,7 @@ def test_the_memory_benchmark_writes_a_long_response_task_set_the_loader_accepts
 
 
 def test_the_growth_compares_the_windows_ceilings_and_floors_not_two_readings() -> None:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("memory_bench", ROOT / "benchmarks" / "memory.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = memory_benchmark()
     warm = [2.0, 2.5]  # the steps before the first validation are not compared
     swing = [3.0, 5.0, 3.0, 5.0]  # trimmed floor and ceiling: a swing, not growth
     growth, windows = bench.growth_per_100(warm + swing[:2] + swing[2:] + [3.0, 5.0], 2)
@@ -155,15 +147,12 @@ def test_the_growth_compares_the_windows_ceilings_and_floors_not_two_readings() 
 
 
 def test_the_memory_benchmarks_validation_case_is_the_sft_config_validating_one_batch(tmp_path: Path) -> None:
-    import importlib.util
     import sys
     from unittest import mock
 
     from envace.cli.lightning import ConfigCheckCLI, cli_main
 
-    spec = importlib.util.spec_from_file_location("memory_bench", ROOT / "benchmarks" / "memory.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = memory_benchmark()
     args = bench.validation_args("library", 64, tmp_path / "validate", 16)
     assert args[0] == "validate"
     with mock.patch.object(sys, "argv", ["envace"]):
@@ -172,3 +161,13 @@ def test_the_memory_benchmarks_validation_case_is_the_sft_config_validating_one_
     assert cli.model.best is None and cli.model.export_dir is None  # a validation case writes no weights
     default = bench.validation_args("bank", 8, tmp_path / "validate", None)
     assert not any("generate_batch_size" in a for a in default)  # the config's own
+
+
+def memory_benchmark():  # noqa: ANN201 - the loaded module
+    """``benchmarks/memory.py``, loaded as a module (benchmarks are scripts, not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("memory_bench", ROOT / "benchmarks" / "memory.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
