@@ -23,6 +23,7 @@ All three use ``torch.utils.checkpoint`` (non-reentrant); ``selective`` uses its
 
 from __future__ import annotations
 
+import functools
 import types
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -82,6 +83,33 @@ def checkpoint_layers(model: nn.Module, share: float, mode: CheckpointMode = "fu
         if mode == "selective":
             layer._gradient_checkpointing_func = selective_checkpoint
     return len(chosen)
+
+
+FULL_CHECKPOINT = functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=False)
+"""What a ``full`` layer checkpoints with (as ``gradient_checkpointing_enable`` sets it, non-reentrant)."""
+
+
+@contextmanager
+def recomputed_in_full(model: nn.Module, on: bool = True) -> Iterator[int]:
+    """While ``on``, every ``selective`` layer of ``model`` runs as a ``full`` one: it keeps only its input.
+
+    For a micro-batch over the token budget: a row longer than ``micro_batch_tokens`` is a micro-batch of its own,
+    and under ``selective`` its activations grow with its length past the budget's (measured on SmolLM2: 2.44 GB over
+    the floor for one 2,048-token row, 1.30 GB in ``full``, for 8% more time on that row; docs/performance.md,
+    "Memory"). A checkpoint records its function in the forward, so the forward must run inside; its backward may
+    run later. ``full`` and ``light`` layers and layers without checkpointing are left as they are. Yields how many
+    layers were switched (0 when off).
+    """
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)
+              and getattr(m, "gradient_checkpointing", False) is True
+              and getattr(m, "_gradient_checkpointing_func", None) is selective_checkpoint] if on else []
+    for layer in layers:
+        layer._gradient_checkpointing_func = FULL_CHECKPOINT
+    try:
+        yield len(layers)
+    finally:
+        for layer in layers:
+            layer._gradient_checkpointing_func = selective_checkpoint
 
 
 def check_mode(mode: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from contextlib import AbstractContextManager
 from typing import Any, Literal
 
 import lightning as L
@@ -13,6 +14,7 @@ from peft import PeftModel
 from torch import Tensor
 
 from envace.evaluation.evaluator import PolicyEvaluator
+from envace.policy.checkpointing import recomputed_in_full
 from envace.policy.logprobs import PrefixCarry
 from envace.rollout.collate import RolloutBatch
 from envace.runtime.checkpoint import upgrade_class_paths
@@ -21,7 +23,7 @@ from envace.training.datamodule import RolloutDataModule
 from envace.training.export import save_policy
 from envace.training.memory import GIB, FreedMemory, Workload, available_memory, check_fits, estimate
 from envace.training.step_metrics import log_server_counts
-from envace.training.update import MicroBatch, prefix_carry
+from envace.training.update import MicroBatch, computed_tokens, prefix_carry
 from envace.types import Task
 from envace.world_model.alignment import warn_long_responses
 from envace.worlds.rehearse import check_rehearse_format
@@ -119,6 +121,16 @@ class PolicyModule(L.LightningModule):
             scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         self.return_freed_memory("step")
+
+    def over_budget(self, micro: MicroBatch, lengths: list[int], budget: int) -> AbstractContextManager[int]:
+        """A context for ``micro``'s forward: ``full`` checkpointing where it is over ``budget``.
+
+        Where ``micro`` computes more tokens than ``budget`` (a row longer than it runs alone), its ``selective``
+        layers run as ``full`` ones (``envace.policy.checkpointing.recomputed_in_full``), so its activations stay near
+        one budget's worth; elsewhere (or with no budget, 0) nothing changes.
+        """
+        assert self.model is not None
+        return recomputed_in_full(self.model, budget > 0 and computed_tokens(micro, lengths) > budget)
 
     def prefix_carry(self, batch: RolloutBatch, plan: list[MicroBatch]) -> PrefixCarry | None:
         """A ``PrefixCarry`` for a step's micro-batches (``envace.training.update.prefix_carry``), or None.

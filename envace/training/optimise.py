@@ -138,11 +138,13 @@ class GRPOUpdate(PolicyModule):
         passes = self._peer_max(len(micro_batches))  # before any pass: no other collective may interleave with it
         stats: list[dict[str, Tensor]] = []
         carry = self.prefix_carry(mb, micro_batches)
-        for idx, groups in micro_batches:
+        lengths = mb.attention_mask.sum(-1).tolist()
+        for planned in micro_batches:
+            idx, groups = planned
             micro = mb.rows(idx)
             self.before_micro_batch(micro.input_ids.shape[1])
             w = {k: v[idx][:, : micro.input_ids.shape[1]] for k, v in weights.items()}
-            with self._role_adapter(micro):
+            with self._role_adapter(micro), self.over_budget(planned, lengths, self.grpo.micro_batch_tokens):
                 loss, micro_stats = self._micro_loss(micro, w, groups, carry)
                 self.manual_backward(self.with_carry(loss, carry))
             self.return_freed_memory("micro_batch")

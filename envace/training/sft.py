@@ -251,11 +251,14 @@ class SFTModule(PolicyModule):
         heads: dict[str, Tensor] = {}
         plan = self._micro_batches(batch)
         carry = self.prefix_carry(batch, plan)
-        for idx, groups in plan:
+        lengths = batch.attention_mask.sum(-1).tolist()
+        for planned in plan:
+            idx, groups = planned
             micro = batch.rows(idx)
             if backward:
                 self.before_micro_batch(micro.input_ids.shape[1])
-            nll = -self._logps(micro, groups, carry) * micro.loss_mask  # [n, t]
+            with self.over_budget(planned, lengths, self.micro_batch_tokens if backward else 0):
+                nll = -self._logps(micro, groups, carry) * micro.loss_mask  # [n, t]
             act = (micro.row_role == int(Role.ACT)).float()[:, None]  # [n, 1]
             part = {"act": (nll * act).sum() / counts["act"], "rehearse": (nll * (1 - act)).sum() / counts["rehearse"]}
             if backward:

@@ -485,3 +485,42 @@ def test_scores_in_chunks_equal_the_whole_and_keep_no_float32_vocabulary_tensor(
     assert torch.equal(whole_ent, chunked_ent) and whole_ent.sum() > 0
     for a, b in zip(whole_grads, chunked_grads):  # the same sums; a few ulps if a kernel orders one differently
         assert torch.allclose(a, b, atol=1e-7, rtol=1e-6)
+
+
+def test_recomputed_in_full_keeps_what_full_checkpointing_keeps_and_restores_selective(tiny_tokenizer,
+                                                                                      monkeypatch) -> None:
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    import envace.policy.checkpointing as checkpointing
+    from envace.policy import TinyPolicy
+
+    ids, mask, scored = shared_rows(40, [10, 25, 7, 18], first_scored=42)
+    kept = {"n": 0}
+    policy = checkpointing._keep_products
+
+    def counting(ctx, op, *args, **kwargs):  # selective checkpointing's policy: called for selective layers only
+        decision = policy(ctx, op, *args, **kwargs)
+        kept["n"] += decision == checkpointing.CheckpointPolicy.MUST_SAVE
+        return decision
+
+    monkeypatch.setattr(checkpointing, "_keep_products", counting)
+    saved, grads, products = {}, {}, {}
+    for mode in ("full", "selective", "switched"):
+        model, _ = TinyPolicy(hidden=64, layers=4).build()
+        checkpointing.checkpoint_layers(model, 1.0, "full" if mode == "full" else "selective")
+        model.train()
+        kept["n"] = 0
+        with checkpointing.recomputed_in_full(model, on=mode == "switched") as switched:
+            assert switched == (4 if mode == "switched" else 0)
+            saved[mode] = _saved_bytes(lambda model=model: token_logps(model, ids, mask, positions=scored)[0].sum()
+                                       .backward())
+        products[mode], grads[mode] = kept["n"], [p.grad for p in model.parameters()]
+        layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+        assert len(layers) == 4 and (mode == "full" or all(
+            m._gradient_checkpointing_func is checkpointing.selective_checkpoint for m in layers))
+    # switched: the layers keep their inputs only and no product, as full ones; selective ones keep products too
+    assert saved["switched"] == saved["full"] == saved["selective"]
+    assert products["switched"] == products["full"] == 0 < products["selective"]
+    # the same float32 operations in the same order: only what is kept for backward differs
+    for a, b in zip(grads["selective"], grads["switched"]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)

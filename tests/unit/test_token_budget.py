@@ -168,3 +168,48 @@ def test_rl_behaviour_logps_do_not_depend_on_the_token_budget() -> None:
         assert calls == [30, 30]
     torch.testing.assert_close(out[1], out[0], rtol=RTOL, atol=ATOL)
     assert out[0].abs().sum() > 0
+
+
+def test_a_micro_batch_over_the_budget_is_recomputed_in_full_with_the_same_loss_and_gradients() -> None:
+    """A row longer than the budget runs alone; its selective layers then run as full ones (they keep only their
+    input), the micro-batches within the budget stay selective, and the step's loss and gradients do not change."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    import envace.training.base as base
+    from envace.policy.checkpointing import FULL_CHECKPOINT, checkpoint_layers, selective_checkpoint
+    from envace.training.update import computed_tokens
+
+    def step(switch: bool) -> tuple[dict[str, float], dict[str, torch.Tensor], list[tuple[bool, int]]]:
+        module = _sft(0)
+        assert checkpoint_layers(module.model, 1.0, "selective") == 2
+        batch = module.sample_rollouts(load_task_set("builtin:bank:6"))
+        lengths = batch.attention_mask.sum(-1).tolist()
+        module.micro_batch_tokens = sorted(lengths)[len(lengths) // 2]  # half the rows are longer than the budget
+        seen: list[tuple[bool, int]] = []
+        real = base.recomputed_in_full
+
+        def recording(model: torch.nn.Module, on: bool = True):  # what each micro-batch's forward ran with
+            layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+            funcs = {m._gradient_checkpointing_func for m in layers}
+            assert funcs == {selective_checkpoint}  # restored after every micro-batch
+            return real(model, on and switch)
+
+        with mock.patch.object(base, "recomputed_in_full", recording), \
+                mock.patch.object(module, "manual_backward", lambda loss: loss.backward()):
+            for planned in module._micro_batches(batch):
+                with module.over_budget(planned, lengths, module.micro_batch_tokens):
+                    full = sum(m._gradient_checkpointing_func is FULL_CHECKPOINT for m in module.model.modules()
+                               if isinstance(m, GradientCheckpointingLayer))
+                seen.append((computed_tokens(planned, lengths) > module.micro_batch_tokens, full))
+            _, stats = module._loss(batch, backward=True)
+        return {k: float(v) for k, v in stats.items()}, _grads(module.model), seen
+
+    selective, selective_grads, _ = step(False)
+    mixed, mixed_grads, seen = step(True)
+    over = [calls for is_over, calls in seen if is_over]
+    assert over and len(over) < len(seen)  # the budget put some rows alone, over it, and packed the others
+    assert all(calls == 2 for calls in over)  # both layers checkpointed in full in the micro-batches over the budget
+    assert all(calls == 0 for is_over, calls in seen if not is_over)
+    for key in selective:
+        assert mixed[key] == pytest.approx(selective[key], rel=RTOL), key
+    _assert_same(selective_grads, mixed_grads)
